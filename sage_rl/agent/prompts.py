@@ -1,0 +1,54 @@
+"""Prompt assembly from Jinja2 templates in files (``sage_rl/agent/prompts/*.j2``).
+
+The system message explains the world and, for the skill-library agent, the skill operations
+(SAGE.md section 1). The first user message holds a worked example (from a *train* scenario
+only), the skill library section, and the task. The plain CodeAct variant (the GRPO baseline,
+SAGE.md section 6) renders the same templates with ``use_skills=False``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+DEFAULT_TEMPLATES = Path(__file__).parent / "prompts"
+
+
+@dataclass(frozen=True)
+class WorkedExample:
+    """A solved task shown in the prompt. Must come from a train scenario (never an eval split)."""
+
+    instruction: str
+    steps: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PromptBuilder:
+    use_skills: bool = True
+    max_steps: int = 40
+    example: WorkedExample | None = None
+    template_dir: Path = DEFAULT_TEMPLATES
+
+    def _env(self) -> jinja2.Environment:
+        return jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(self.template_dir)),
+            undefined=jinja2.StrictUndefined,
+            keep_trailing_newline=False,
+            trim_blocks=True,
+        )
+
+    def messages(self, instruction: str, library: str = "") -> tuple[dict[str, str], ...]:
+        """The opening [system, user] messages for one task. ``library`` is the rendered library."""
+        env = self._env()
+        args = {
+            "use_skills": self.use_skills,
+            "max_steps": self.max_steps,
+            "example": self.example,
+            "library": library.strip(),
+            "instruction": instruction.strip(),
+        }
+        system = env.get_template("system.j2").render(**args).strip()
+        user = env.get_template("task.j2").render(**args).strip()
+        return ({"role": "system", "content": system}, {"role": "user", "content": user})

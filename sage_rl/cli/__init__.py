@@ -1,0 +1,48 @@
+"""The ``sage-rl`` command. Each command group lives in its own module and is imported lazily,
+so ``sage-rl world ...`` does not pay for importing torch."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="SAGE: RL for self-improving agents with a skill library.")
+
+#: command group -> module exposing ``app`` (a typer.Typer)
+_GROUPS = {
+    "world": ("sage_rl.cli.world", "PocketWorld: list, show, run and verify tasks."),
+    "skills": ("sage_rl.cli.skills", "Skill stores: list, show, search, stats, export, import."),
+    "appworld": ("sage_rl.cli.appworld", "AppWorld: set up its separate environment and data."),
+}
+#: single commands -> module exposing ``main`` (a typer command function)
+_COMMANDS = {
+    "eval": ("sage_rl.cli.eval", "Scenario-ordered evaluation (TGC, SGC, steps, tokens)."),
+    "train": ("sage_rl.cli.train", "SAGE / GRPO training with the local trainer."),
+    "collect": ("sage_rl.cli.collect", "Collect expert trajectories by rejection sampling."),
+    "sft": ("sage_rl.cli.sft", "Supervised fine-tuning on expert trajectories."),
+}
+
+
+def _register() -> None:
+    for name, (mod, help_) in _GROUPS.items():
+        try:
+            sub = importlib.import_module(mod).app
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+            continue
+        app.add_typer(sub, name=name, help=help_)
+    for name, (mod, help_) in _COMMANDS.items():
+        try:
+            fn = importlib.import_module(mod).main
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+            continue
+        app.command(name, help=help_, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(fn)
+
+
+def main() -> None:
+    _register()
+    app()

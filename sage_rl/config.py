@@ -1,0 +1,122 @@
+"""Typed, validated configuration: pydantic models, YAML files and ``key.sub=value`` overrides.
+
+One model per entry point (STYLE.md, principle 7). A bad value fails at start-up with a
+``ConfigError`` that names the field and the file or override it came from.
+
+    cfg = load_config(TrainConfig, "configs/quickstart.yaml", ["rollout.group_size=4"])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A config file or override is wrong. The message names the field and what was wrong."""
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"a.b=3"`` -> (["a", "b"], 3). The value is parsed as YAML, so ``x=[1,2]``, ``x=null`` work."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form key.sub=value")
+    key, raw = item.split("=", 1)
+    path = [p for p in key.strip().split(".")]
+    if not all(path):
+        raise ConfigError(f"override {item!r} has an empty key segment")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {item!r}: value is not valid YAML ({e})") from None
+    return path, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``key.sub=value`` set (creating nested dicts)."""
+    out = _deep_copy(data)
+    for item in overrides:
+        path, value = parse_override(item)
+        node = out
+        for p in path[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {item!r}: {p!r} is a value, not a section")
+            node = nxt
+        node[path[-1]] = value
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping at the top level, not {type(data).__name__}")
+    return data
+
+
+def load_config(
+    model: type[M],
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    base: Mapping[str, Any] | None = None,
+) -> M:
+    """Build ``model`` from ``base`` <- YAML file <- overrides, validating once at the end."""
+    data = _deep_merge(dict(base or {}), read_yaml(path) if path else {})
+    data = apply_overrides(data, overrides)
+    source = f"{path}" if path else "defaults"
+    if overrides:
+        source += " + overrides " + " ".join(overrides)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, source)) from None
+
+
+def format_validation_error(e: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "<root>"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; see the config reference in docs/)"
+        got = err.get("input")
+        got_s = "" if isinstance(got, dict) or err["type"] == "missing" else f" (got {got!r})"
+        lines.append(f"  {loc}: {msg}{got_s}")
+    return "\n".join(lines)
+
+
+def dump_config(cfg: BaseModel) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def _deep_copy(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in d.items()}
+
+
+def _deep_merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    out = _deep_copy(a)
+    for k, v in b.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = _deep_copy(v) if isinstance(v, Mapping) else v
+    return out

@@ -1,0 +1,310 @@
+"""The core data types of sage-rl, in one place.
+
+Every type here is a small frozen dataclass that round-trips through JSON (``to_dict`` /
+``from_dict``), so tasks, trajectories, chains and outcomes can be written to JSON Lines and read
+back. Group keys are tuples, never strings to be parsed (STYLE.md, principle 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Convert a (nested) dataclass / enum / tuple structure into plain JSON values."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(x) for x in obj]
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    return obj
+
+
+def dumps(obj: Any) -> str:
+    """One JSON line for a dataclass (or plain value)."""
+    return json.dumps(to_jsonable(obj), ensure_ascii=False, sort_keys=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Tasks and outcomes
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of one scenario.
+
+    ``task_id`` is ``<scenario_id>_<n>`` for evaluation splits (AppWorld's convention);
+    ``position`` is n, counted from 1. ``spec`` is environment-specific and JSON-able (for
+    PocketWorld: the template name, seed and sampled parameters) - agent code never sees it.
+    """
+
+    task_id: str
+    scenario_id: str
+    position: int
+    instruction: str
+    split: str
+    env: str = "pocketworld"
+    difficulty: int = 1
+    apps: tuple[str, ...] = ()
+    spec: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Task:
+        return cls(**{**d, "apps": tuple(d.get("apps", ()))})
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One state-based check of a task (AppWorld-style unit test)."""
+
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The evaluation of one finished task: r = fraction of checks passed (SAGE.md section 4)."""
+
+    score: float
+    success: bool
+    checks: tuple[CheckResult, ...] = ()
+
+    @classmethod
+    def from_checks(cls, checks: tuple[CheckResult, ...]) -> Outcome:
+        n = len(checks)
+        passed = sum(c.passed for c in checks)
+        score = passed / n if n else 0.0
+        return cls(score=score, success=n > 0 and passed == n, checks=checks)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Outcome:
+        return cls(d["score"], d["success"], tuple(CheckResult(**c) for c in d.get("checks", ())))
+
+
+# --------------------------------------------------------------------------------------------
+# Executing code
+# --------------------------------------------------------------------------------------------
+
+#: Code-object filename prefix for a library skill executed into a task's interpreter before the
+#: task starts (``<skill:NAME>``). Agent cells are compiled as ``<cell-N>``. Call records carry the
+#: filename of the function's code object, so "a library skill was called" is exact, and a skill
+#: that the task redefined first no longer counts (SAGE.md section 2).
+SKILL_ORIGIN_PREFIX = "<skill:"
+
+
+def skill_origin(name: str) -> str:
+    return f"{SKILL_ORIGIN_PREFIX}{name}>"
+
+
+def cell_origin(index: int) -> str:
+    return f"<cell-{index}>"
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """Calls of one agent-defined function during one cell, as reported by the sandbox.
+
+    ``origin`` is the filename its code object was compiled with: ``<cell-N>`` or ``<skill:NAME>``.
+    """
+
+    name: str
+    origin: str
+    calls: int
+    errors: int
+
+    @property
+    def from_library(self) -> bool:
+        return self.origin.startswith(SKILL_ORIGIN_PREFIX)
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What executing one code cell produced.
+
+    ``calls`` is None where the environment cannot report calls (AppWorld); skill usage then falls
+    back to static detection. ``defined`` names the functions whose definitions in this cell
+    actually executed (bound in the namespace afterwards, compiled from this cell's ``origin``);
+    None where the environment cannot tell, and extraction then falls back to the AST.
+    """
+
+    observation: str
+    ok: bool
+    completed: bool = False
+    timed_out: bool = False
+    calls: tuple[CallRecord, ...] | None = ()
+    defined: tuple[str, ...] | None = ()
+    duration_s: float = 0.0
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ExecResult:
+        calls, defined = d.get("calls"), d.get("defined")
+        return cls(
+            **{
+                **d,
+                "calls": None if calls is None else tuple(CallRecord(**c) for c in calls),
+                "defined": None if defined is None else tuple(defined),
+            }
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Trajectories
+# --------------------------------------------------------------------------------------------
+
+
+class StopReason(enum.StrEnum):
+    """Why an episode ended. Data, not exceptions (STYLE.md, principle 12)."""
+
+    COMPLETED = "completed"  # the agent called complete_task
+    STEP_LIMIT = "step_limit"
+    CONTEXT_LIMIT = "context_limit"  # the next turn would not fit the context window
+    TOKEN_BUDGET = "token_budget"  # total generated tokens for the episode ran out
+    POLICY_ERROR = "policy_error"  # the model backend failed (recorded, not raised)
+    ENV_ERROR = "env_error"
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One policy turn and the environment's answer.
+
+    Token layout of the episode: ``prompt_ids`` of the first turn is the rendered system+task
+    prompt; each turn's ``obs_ids`` is the observation rendered as one new chat message (including
+    the next generation prompt). The trained sequence is the concatenation
+    ``prompt_ids(turn 0) + [gen_ids + obs_ids for each turn]`` and the loss mask is 1 exactly on
+    ``gen_ids`` (ARCHITECTURE.md, principle 3).
+    """
+
+    gen_ids: tuple[int, ...]
+    gen_logprobs: tuple[float, ...]
+    text: str
+    code: str | None
+    observation: str
+    obs_ids: tuple[int, ...] = ()
+    exec_ok: bool = True
+    timed_out: bool = False
+    calls: tuple[CallRecord, ...] | None = ()  # ExecResult.calls of this turn's cell
+    defined: tuple[str, ...] | None = ()  # ExecResult.defined of this turn's cell
+    completion_tokens: int = 0  # as counted by the backend (equals len(gen_ids) when token-exact)
+    policy_s: float = 0.0
+    env_s: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return max(len(self.gen_ids), self.completion_tokens)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Turn:
+        calls, defined = d.get("calls"), d.get("defined")
+        return cls(
+            **{
+                **d,
+                "gen_ids": tuple(d["gen_ids"]),
+                "gen_logprobs": tuple(d["gen_logprobs"]),
+                "obs_ids": tuple(d.get("obs_ids", ())),
+                "calls": None if calls is None else tuple(CallRecord(**c) for c in calls),
+                "defined": None if defined is None else tuple(defined),
+            }
+        )
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One episode: one task solved (or not) by one policy with one library."""
+
+    task: Task
+    prompt_ids: tuple[int, ...]
+    turns: tuple[Turn, ...]
+    outcome: Outcome
+    stop: StopReason
+    library_in: tuple[str, ...] = ()  # skill names available at the start
+    library_dropped: tuple[str, ...] = ()  # library skills whose definitions failed to execute
+    skills_saved: tuple[str, ...] = ()  # skills this episode contributed to the chain's library
+    skills_used: tuple[str, ...] = ()  # library skills actually used (SAGE.md section 2)
+    policy: str = ""
+    error: str = ""  # what went wrong when stop is POLICY_ERROR or ENV_ERROR
+
+    @property
+    def produced_code(self) -> bool:
+        return any(t.code for t in self.turns)
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return sum(t.num_tokens for t in self.turns)
+
+    def token_arrays(self) -> tuple[list[int], list[int], list[float]]:
+        """(ids, mask, sampler logprobs) of the whole episode; mask=1 on generated tokens only."""
+        ids, mask, lps = list(self.prompt_ids), [0] * len(self.prompt_ids), [0.0] * len(self.prompt_ids)
+        for t in self.turns:
+            ids += t.gen_ids
+            mask += [1] * len(t.gen_ids)
+            lps += t.gen_logprobs
+            ids += t.obs_ids
+            mask += [0] * len(t.obs_ids)
+            lps += [0.0] * len(t.obs_ids)
+        return ids, mask, lps
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Trajectory:
+        return cls(
+            task=Task.from_dict(d["task"]),
+            prompt_ids=tuple(d["prompt_ids"]),
+            turns=tuple(Turn.from_dict(t) for t in d["turns"]),
+            outcome=Outcome.from_dict(d["outcome"]),
+            stop=StopReason(d["stop"]),
+            library_in=tuple(d.get("library_in", ())),
+            library_dropped=tuple(d.get("library_dropped", ())),
+            skills_saved=tuple(d.get("skills_saved", ())),
+            skills_used=tuple(d.get("skills_used", ())),
+            policy=d.get("policy", ""),
+            error=d.get("error", ""),
+        )
+
+
+GroupKey = tuple[tuple[str, ...], int]
+"""(task sequence as a tuple of task ids, position k counted from 0): the GRPO group of a sample."""
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One sequential rollout (SAGE.md section 3): K tasks of one scenario, one growing library.
+
+    ``used_from`` holds, per position k, the positions j < k whose skills task k used.
+    """
+
+    group_index: int
+    chain_index: int
+    trajectories: tuple[Trajectory, ...]
+    used_from: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def task_ids(self) -> tuple[str, ...]:
+        return tuple(t.task.task_id for t in self.trajectories)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Chain:
+        return cls(
+            group_index=d["group_index"],
+            chain_index=d["chain_index"],
+            trajectories=tuple(Trajectory.from_dict(t) for t in d["trajectories"]),
+            used_from=tuple(tuple(u) for u in d.get("used_from", ())),
+        )
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training sample: one task of one chain, with its reward and advantage."""
+
+    group: GroupKey
+    trajectory: Trajectory
+    reward: float
+    advantage: float
