@@ -1,0 +1,81 @@
+"""One SAGE rollout batch: B task sequences x G chains -> rewards -> advantages -> samples.
+
+Groups are built explicitly: group i is G chains of the *same* task sequence, each starting from
+the same library (STYLE.md, principle 2; SAGE.md section 3). The GRPO group of a sample is
+``(task sequence, position)`` (SAGE.md section 5), a tuple key, never a parsed string.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+
+from sage_rl.config import Section
+from sage_rl.envs.base import Suite
+from sage_rl.rollout.advantages import Baseline, compute_advantages
+from sage_rl.rollout.chain import ChainRunner, run_group
+from sage_rl.rollout.rewards import ChainOutcomes, RewardKind, rewards
+from sage_rl.skills.library import Library
+from sage_rl.types import Chain, Sample
+
+
+class RolloutConfig(Section):
+    """Sequential rollout and credit assignment. Defaults are the paper's where it gives them."""
+
+    chain_length: int = 2  # K: tasks per chain, from one scenario (SAGE.md section 3)
+    group_size: int = 8  # G: chains per task sequence
+    groups_per_step: int = 4  # B: task sequences per optimizer step
+    split: str = "train"
+    reward: RewardKind = RewardKind.SKILL_INTEGRATED
+    no_code_reward: float | None = -1.0  # replaces R of a trajectory without code; null = off
+    baseline: Baseline = Baseline.MEAN
+    normalize_std: bool = False  # LOOP/SAGE: no std division
+    drop_below: float | None = None  # LOOP drops |A| < 0.01; null keeps every sample
+    concurrency: int = 16  # chains in flight
+
+
+def check_group_contract(groups: Sequence[Sequence[Chain]]) -> None:
+    """Every chain of a group ran the same task sequence from the same start library."""
+    for i, chains in enumerate(groups):
+        seqs = {c.task_ids for c in chains}
+        starts = {c.trajectories[0].library_in for c in chains if c.trajectories}
+        if len(seqs) != 1 or len(starts) > 1:
+            raise AssertionError(f"group {i} breaks the group contract: sequences {seqs}, start libraries {starts}")
+
+
+def to_samples(groups: Sequence[Sequence[Chain]], cfg: RolloutConfig) -> list[Sample]:
+    """Rewards per chain (pure), then advantages per (task sequence, position) group."""
+    items = []
+    for chains in groups:
+        for chain in chains:
+            rs = rewards(cfg.reward, ChainOutcomes.from_chain(chain), cfg.no_code_reward)
+            items += [((chain.task_ids, k), r, traj) for k, (traj, r) in enumerate(zip(chain.trajectories, rs, strict=True))]
+    adv = compute_advantages([(key, r) for key, r, _ in items], cfg.baseline, cfg.normalize_std, drop_below=cfg.drop_below)
+    return [
+        Sample(key, traj, r, a)
+        for (key, r, traj), a, keep in zip(items, adv.values, adv.keep, strict=True)
+        if keep
+    ]
+
+
+async def rollout_batch(
+    runner: ChainRunner, suite: Suite, rng: random.Random, cfg: RolloutConfig, library: Library | None = None,
+    on_chain=None,
+) -> list[list[Chain]]:
+    """Sample B task sequences and run G chains of each, all concurrently (bounded)."""
+    sequences = [suite.sample_chain(rng, cfg.chain_length, cfg.split) for _ in range(cfg.groups_per_step)]
+    start = library or Library()
+    sem = asyncio.Semaphore(max(1, cfg.concurrency // max(1, cfg.group_size)))
+
+    async def group(i: int, seq) -> list[Chain]:
+        async with sem:
+            chains = await run_group(runner, seq, start, i, cfg.group_size)
+        if on_chain:
+            for c in chains:
+                on_chain(c)
+        return chains
+
+    groups = list(await asyncio.gather(*(group(i, s) for i, s in enumerate(sequences))))
+    check_group_contract(groups)
+    return groups
