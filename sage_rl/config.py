@@ -79,8 +79,12 @@ def load_config(
     overrides: Sequence[str] = (),
     base: Mapping[str, Any] | None = None,
 ) -> M:
-    """Build ``model`` from ``base`` <- YAML file <- overrides, validating once at the end."""
-    data = _deep_merge(dict(base or {}), read_yaml(path) if path else {})
+    """Build ``model`` from ``base`` <- YAML file <- overrides, validating once at the end.
+
+    A YAML file may start from another with ``extends: other.yaml`` (relative to the file): the
+    ablation configs are one line of difference from the run they ablate.
+    """
+    data = _deep_merge(dict(base or {}), read_with_extends(path) if path else {})
     data = apply_overrides(data, overrides)
     source = f"{path}" if path else "defaults"
     if overrides:
@@ -89,6 +93,20 @@ def load_config(
         return model.model_validate(data)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, source)) from None
+
+
+def read_with_extends(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """``read_yaml`` following ``extends:`` chains (cycles are an error)."""
+    p = Path(path).resolve()
+    if p in _seen:
+        raise ConfigError(f"config {p} extends itself (through {' -> '.join(map(str, _seen))})")
+    data = read_yaml(p)
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise ConfigError(f"config {p}: 'extends' must be a file name, not {parent!r}")
+    return _deep_merge(read_with_extends(p.parent / parent, (*_seen, p)), data)
 
 
 def format_validation_error(e: ValidationError, source: str) -> str:

@@ -52,3 +52,13 @@ def test_configs_are_frozen():
     cfg = load_config(Outer)
     with pytest.raises(Exception):
         cfg.name = "other"
+
+
+def test_extends_merges_parent_first(tmp_path):
+    (tmp_path / "base.yaml").write_text("name: base\ntrain:\n  lr: 0.1\n  steps: 5\n")
+    (tmp_path / "child.yaml").write_text("extends: base.yaml\ntrain:\n  steps: 7\n")
+    cfg = load_config(Outer, tmp_path / "child.yaml")
+    assert (cfg.name, cfg.train.lr, cfg.train.steps) == ("base", 0.1, 7)
+    (tmp_path / "loop.yaml").write_text("extends: loop.yaml\n")
+    with pytest.raises(ConfigError, match="extends itself"):
+        load_config(Outer, tmp_path / "loop.yaml")

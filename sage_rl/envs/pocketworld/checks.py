@@ -1,0 +1,140 @@
+"""AppWorld-style checks: required changes, no collateral damage (a state diff), a normalised answer.
+
+A template's oracle returns an ``Expect`` computed from the *initial* state and the task's
+parameters - independently of the reference solution, which only ever uses the public APIs.
+``evaluate`` turns it into ``CheckResult``s; score = fraction passed (``Outcome.from_checks``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sage_rl.envs.pocketworld.world import Db
+from sage_rl.types import CheckResult, Outcome
+
+NO_ANSWER: Any = object()  # sentinel: the task asks for no answer
+
+
+@dataclass(frozen=True)
+class Change:
+    """One row of one table that differs between two states (added: before is None; removed: after is None)."""
+
+    app: str
+    table: str
+    key: Any
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+
+    def __str__(self) -> str:
+        kind = "added" if self.before is None else "removed" if self.after is None else "changed"
+        return f"{self.app}.{self.table}[{self.key!r}] {kind}"
+
+
+@dataclass(frozen=True)
+class Allow:
+    """An allowed change: rows of ``app.table`` for which ``where(row)`` holds (any row if None).
+
+    ``where`` sees the row after the change (before it, for a removal).
+    """
+
+    app: str
+    table: str
+    where: Callable[[dict[str, Any]], bool] | None = None
+
+    def permits(self, c: Change) -> bool:
+        if (c.app, c.table) != (self.app, self.table):
+            return False
+        row = c.after if c.after is not None else c.before
+        return self.where is None or bool(self.where(row))
+
+
+@dataclass(frozen=True)
+class Require:
+    """A required property of the final state, named for the report."""
+
+    name: str
+    holds: Callable[[Db], bool]
+
+
+@dataclass(frozen=True)
+class Expect:
+    answer: Any = NO_ANSWER
+    ordered: bool = False  # compare list answers in order
+    requires: tuple[Require, ...] = ()
+    allow: tuple[Allow, ...] = ()
+
+
+def diff(before: Db, after: Db) -> list[Change]:
+    """Every row that differs between two states, in a deterministic order."""
+    out = []
+    for app in sorted(set(before) | set(after)):
+        ta, tb = before.get(app, {}), after.get(app, {})
+        if ta == tb:
+            continue
+        for table in sorted(set(ta) | set(tb)):
+            ra, rb = ta.get(table, {}), tb.get(table, {})
+            if ra == rb:
+                continue
+            for key in sorted(set(ra) | set(rb), key=repr):
+                if ra.get(key) != rb.get(key):
+                    out.append(Change(app, table, key, ra.get(key), rb.get(key)))
+    return out
+
+
+_NUM = re.compile(r"^\$?\s*(-?\d+(?:\.\d+)?)\s*(?:\$|dollars?|usd)?$")
+
+
+def normalize(value: Any) -> Any:
+    """Canonical form of an answer: numbers as rounded floats (also "$12.50"), strings lower-cased
+    with collapsed whitespace, lists element-wise."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return round(float(value), 2)
+    if isinstance(value, str):
+        s = " ".join(value.lower().split()).strip(" .")
+        m = _NUM.match(s.replace(",", ""))
+        return round(float(m.group(1)), 2) if m else s
+    if isinstance(value, (list, tuple)):
+        return [normalize(v) for v in value]
+    return value
+
+
+def answers_match(given: Any, expected: Any, ordered: bool = False) -> bool:
+    """True when ``given`` equals ``expected`` after normalising (lists order-insensitive unless ``ordered``).
+
+    A list answer may also be given as one comma-separated string.
+    """
+    g, e = normalize(given), normalize(expected)
+    if isinstance(e, list):
+        if isinstance(g, str):
+            g = [normalize(p) for p in g.split(",")] if g else []
+        if not isinstance(g, list):
+            return False
+        return g == e if ordered else sorted(map(repr, g)) == sorted(map(repr, e))
+    if isinstance(e, float) and isinstance(g, float):
+        return abs(g - e) < 0.011
+    return g == e
+
+
+def evaluate(expect: Expect, initial: Db, final: Db, answer: Any) -> Outcome:
+    """Score a final state: each requirement, the answer (if any), and no collateral changes."""
+    checks = []
+    for r in expect.requires:
+        try:
+            ok = bool(r.holds(final))
+        except (KeyError, IndexError, TypeError, ValueError, StopIteration):
+            ok = False  # the agent broke the structure the requirement reads
+        checks.append(CheckResult(r.name, ok))
+    if expect.answer is not NO_ANSWER:
+        ok = answers_match(answer, expect.answer, expect.ordered)
+        checks.append(
+            CheckResult("answer is correct", ok, "" if ok else f"expected {expect.answer!r}, got {answer!r}")
+        )
+    bad = [c for c in diff(initial, final) if not any(a.permits(c) for a in expect.allow)]
+    detail = "; ".join(str(c) for c in bad[:5]) + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else "")
+    checks.append(CheckResult("no collateral changes", not bad, detail))
+    return Outcome.from_checks(tuple(checks))

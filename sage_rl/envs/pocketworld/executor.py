@@ -1,0 +1,128 @@
+"""Running agent code cells: the seam between the Environment and whatever executes the code.
+
+``InProcessExecutor`` runs cells with ``exec`` in a persistent namespace that holds only ``apis``
+(a proxy over a ``dispatch(app, api, kwargs)`` callable) and the builtins. It is NOT a security
+boundary - agent code shares the process - and exists until the sandbox (``sage_rl/sandbox``)
+takes over behind the same ``Executor`` protocol. The world is reachable only through the
+dispatch closure, never through the namespace directly. Call records come from
+``calltrace.CallTracer``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import io
+import sys
+import time
+import traceback
+import types
+from collections.abc import Mapping
+from typing import Protocol
+
+from sage_rl.envs.pocketworld.api import ApiError
+from sage_rl.envs.pocketworld.calltrace import AGENT_ORIGINS, CallTracer
+from sage_rl.envs.pocketworld.proxy import Apis, Dispatch
+from sage_rl.types import ExecResult
+
+#: Observations longer than this are cut (the model's context is the scarce resource).
+MAX_OBSERVATION_CHARS = 20_000
+
+
+class Executor(Protocol):
+    #: True when ``execute`` fills ``ExecResult.calls`` with call records.
+    reports_calls: bool
+
+    def execute(self, code: str, origin: str) -> ExecResult:
+        """Run one cell compiled with filename ``origin``. ``completed`` is left False: the
+        Environment knows whether the task was completed."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class InProcessExecutor:
+    """Executes cells in this process, in one namespace that persists across cells, with call records."""
+
+    reports_calls = True
+
+    def __init__(self, dispatch: Dispatch) -> None:
+        self._ns: dict[str, object] = {
+            "__builtins__": builtins,
+            "__name__": "__agent__",
+            "apis": Apis(_untraced(dispatch)),
+        }
+        self._sources: dict[str, list[str]] = {}
+
+    def execute(self, code: str, origin: str) -> ExecResult:
+        self._sources[origin] = code.splitlines()
+        before = dict(self._ns)  # holds references, so a redefined function's id cannot be reused
+        out = io.StringIO()
+        start = time.perf_counter()
+        ok = True
+        with contextlib.redirect_stdout(out), CallTracer() as tracer:
+            try:
+                exec(compile(code, origin, "exec"), self._ns)  # noqa: S102 - executing agent code is the point
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:  # noqa: BLE001 - any failure of agent code (SystemExit too) is an observation
+                ok = False
+                print(format_error(e, self._sources), end="")
+        defined = tuple(
+            k
+            for k, v in self._ns.items()
+            if isinstance(v, types.FunctionType)
+            and v.__code__.co_filename == origin
+            and before.get(k) is not v
+        )
+        return ExecResult(
+            observation=_truncate(out.getvalue()),
+            ok=ok,
+            calls=tracer.records(),
+            defined=defined,
+            duration_s=time.perf_counter() - start,
+        )
+
+    def close(self) -> None:
+        self._ns.clear()
+
+
+def format_error(e: BaseException, sources: Mapping[str, list[str]]) -> str:
+    """A traceback trimmed to the agent's own frames (cells and skills) plus the error line.
+
+    ``sources`` maps an origin (``<cell-N>``, ``<skill:NAME>``) to its source lines, for context.
+    """
+    lines = []
+    for fr in traceback.extract_tb(e.__traceback__):
+        if fr.filename.startswith(AGENT_ORIGINS):
+            lines.append(f'  File "{fr.filename}", line {fr.lineno}, in {fr.name}\n')
+            src = sources.get(fr.filename, [])
+            if fr.lineno and 0 < fr.lineno <= len(src):
+                lines.append(f"    {src[fr.lineno - 1].strip()}\n")
+    head = "Traceback (most recent call last):\n" if lines else ""
+    if isinstance(e, ApiError):
+        tail = f"ApiError: {e.status}: {e.message}\n"
+    else:
+        tail = "".join(traceback.format_exception_only(type(e), e))
+    return head + "".join(lines) + tail
+
+
+def _untraced(dispatch: Dispatch) -> Dispatch:
+    """``dispatch`` with call tracing switched off inside: the world's own functions are not agent
+    code, and tracing every one of their calls made API-heavy cells about 4x slower."""
+
+    def call(app: str, api: str, kwargs: dict) -> object:
+        tracer = sys.gettrace()
+        sys.settrace(None)
+        try:
+            return dispatch(app, api, kwargs)
+        finally:
+            sys.settrace(tracer)
+
+    return call
+
+
+def _truncate(text: str) -> str:
+    if len(text) <= MAX_OBSERVATION_CHARS:
+        return text
+    return text[:MAX_OBSERVATION_CHARS] + f"\n... [output truncated: {len(text)} characters in all]\n"

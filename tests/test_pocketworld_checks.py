@@ -1,0 +1,53 @@
+"""Checks: answer normalisation, state diffs, allow-lists, scoring."""
+
+from __future__ import annotations
+
+from sage_rl.envs.pocketworld.checks import Allow, Expect, Require, answers_match, diff, evaluate, normalize
+
+
+def test_normalize_numbers_strings_and_lists():
+    assert normalize("12.50") == 12.5 == normalize(12.5) == normalize("$12.5") == normalize(" 12.50 dollars")
+    assert normalize("  Hello   World. ") == "hello world"
+    assert normalize(3) == 3.0
+    assert normalize(["A", "2"]) == ["a", 2.0]
+
+
+def test_answers_match_rules():
+    assert answers_match("3", 3)
+    assert answers_match(12.499, "12.50") and not answers_match(12.48, 12.5)
+    assert answers_match(["b", "A"], ["a", "B"])
+    assert not answers_match(["b", "a"], ["a", "b"], ordered=True)
+    assert answers_match("a, b", ["b", "a"])
+    assert not answers_match(None, 0)
+    assert not answers_match("wrong", "Marco Vell")
+
+
+def test_diff_reports_added_removed_changed_rows():
+    before = {"x": {"t": {1: {"v": 1}, 2: {"v": 2}}}, "y": {"t": {}}}
+    after = {"x": {"t": {1: {"v": 9}, 3: {"v": 3}}}, "y": {"t": {}}}
+    changes = diff(before, after)
+    assert [(c.key, c.before, c.after) for c in changes] == [
+        (1, {"v": 1}, {"v": 9}),
+        (2, {"v": 2}, None),
+        (3, None, {"v": 3}),
+    ]
+
+
+def test_evaluate_scores_fraction_and_flags_collateral():
+    before = {"a": {"t": {1: {"v": 1}, 2: {"v": 2}}}}
+    expect = Expect(answer=5, requires=(Require("row 1 is 9", lambda f: f["a"]["t"][1]["v"] == 9),),
+                    allow=(Allow("a", "t", lambda r: r["v"] == 9),))  # fmt: skip
+    good = {"a": {"t": {1: {"v": 9}, 2: {"v": 2}}}}
+    assert evaluate(expect, before, good, "5").success
+    collateral = {"a": {"t": {1: {"v": 9}, 2: {"v": 3}}}}
+    o = evaluate(expect, before, collateral, 5)
+    assert (o.score, o.success) == (2 / 3, False)
+    assert "a.t[2] changed" in o.checks[-1].detail
+    o = evaluate(expect, before, before, None)  # no-op: requirement and answer fail, nothing collateral
+    assert [c.passed for c in o.checks] == [False, False, True] and o.score == 1 / 3
+
+
+def test_requirement_that_crashes_on_a_broken_state_fails_instead_of_raising():
+    expect = Expect(requires=(Require("row exists", lambda f: f["a"]["t"][1]["v"] == 1),))
+    o = evaluate(expect, {"a": {"t": {1: {"v": 1}}}}, {"a": {"t": {}}}, None)
+    assert not o.checks[0].passed
