@@ -74,9 +74,11 @@ def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
     p = cfg.policy
     params = cfg.sampling.params(cfg.agent.max_tokens_per_turn)
     if p.kind == "scripted":
+        from sage_rl.models import load_tokenizer
         from sage_rl.policies.scripted import ScriptedExpert
 
-        return ScriptedExpert(seed=p.expert_seed)
+        tok = load_tokenizer(p.model)  # count the expert's tokens as the default model would
+        return ScriptedExpert(seed=p.expert_seed, token_counter=lambda text: len(tok.encode(text, add_special_tokens=False)))
     if p.kind == "openai":
         import os
 

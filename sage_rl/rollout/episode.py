@@ -52,7 +52,7 @@ async def run_episode(
     prompt_ids, turns, stop, error = tuple(ids), [], StopReason.STEP_LIMIT, ""
     for step in range(cfg.max_steps):
         room, limit = turn_room(cfg, len(ids), sum(t.num_tokens for t in turns))
-        if room < cfg.min_turn_tokens:
+        if room < min(cfg.min_turn_tokens, cfg.max_tokens_per_turn):
             stop = limit
             break
         request = PolicyRequest(
@@ -98,9 +98,9 @@ async def load_library(env: Environment, preamble: Sequence[tuple[str, str]]) ->
 def turn_room(cfg: AgentConfig, context_used: int, generated: int) -> tuple[int, StopReason]:
     """Tokens the next turn may generate, and which limit binds if it is too few."""
     by_context = cfg.context_limit - context_used
-    by_budget = cfg.token_budget - generated if cfg.token_budget is not None else cfg.max_tokens_per_turn
-    room = min(cfg.max_tokens_per_turn, by_context, by_budget)
-    return room, StopReason.CONTEXT_LIMIT if by_context <= by_budget else StopReason.TOKEN_BUDGET
+    if cfg.token_budget is None or by_context <= cfg.token_budget - generated:
+        return min(cfg.max_tokens_per_turn, by_context), StopReason.CONTEXT_LIMIT
+    return min(cfg.max_tokens_per_turn, cfg.token_budget - generated), StopReason.TOKEN_BUDGET
 
 
 def _renderer(policy: Policy) -> Any:

@@ -1,0 +1,165 @@
+"""The agent loop and the sequential rollout, with fake policies and environments (no model)."""
+
+import asyncio
+import random
+
+import pytest
+from fakes import FakeEnv
+
+from sage_rl.agent.parse import NO_CODE_OBSERVATION
+from sage_rl.agent.prompts import PromptBuilder
+from sage_rl.policies.base import Completion, PolicyRequest, SamplingParams
+from sage_rl.rollout.batch import RolloutConfig, check_group_contract, rollout_batch, to_samples
+from sage_rl.rollout.chain import ChainRunner, SkillsConfig
+from sage_rl.rollout.episode import AgentConfig, EpisodeSpec, run_episode, turn_room
+from sage_rl.skills.library import Library
+from sage_rl.skills.retrieval import RetrievalConfig, make_retriever
+from sage_rl.types import CallRecord, ExecResult, StopReason, Task
+
+
+class ScriptPolicy:
+    """Replies with the given texts in order (text-only: no tokenizer)."""
+
+    tokenizer = None
+    name = "script"
+
+    def __init__(self, replies, tokens_per_reply=10):
+        self.replies, self.n, self.requests = list(replies), tokens_per_reply, []
+
+    async def generate(self, request: PolicyRequest) -> Completion:
+        self.requests.append(request)
+        turn = sum(m["role"] == "assistant" for m in request.messages)
+        text = self.replies[min(turn, len(self.replies) - 1)]
+        if text == "RAISE":
+            raise ConnectionError("server went away")
+        return Completion(text=text, completion_tokens=self.n)
+
+
+TASK = Task("s_1", "s", 1, "Do the thing.", "dev")
+
+
+def _run(policy, cfg=AgentConfig(max_steps=5), preamble=(), env=None):
+    env = env or FakeEnv()
+    spec = EpisodeSpec(TASK, PromptBuilder().messages(TASK.instruction), preamble)
+    return asyncio.run(run_episode(policy, env, spec, cfg, SamplingParams())), env
+
+
+def test_completes_and_records_turns():
+    traj, env = _run(ScriptPolicy(["```python\nx = 1\n```", "```python\ncomplete()\n```"]))
+    assert traj.stop is StopReason.COMPLETED and traj.outcome.success
+    assert [t.code for t in traj.turns] == ["x = 1", "complete()"]
+    assert [o for o, _ in env.cells] == ["<cell-0>", "<cell-1>"]
+    assert traj.num_generated_tokens == 20
+
+
+def test_no_code_turn_gets_corrective_observation_and_counts():
+    traj, env = _run(ScriptPolicy(["I think I should log in.", "```python\ncomplete()\n```"]))
+    assert traj.turns[0].code is None and traj.turns[0].observation == NO_CODE_OBSERVATION
+    assert len(env.cells) == 1 and traj.stop is StopReason.COMPLETED and len(traj.turns) == 2
+
+
+def test_step_limit_and_policy_error_are_data():
+    traj, _ = _run(ScriptPolicy(["```python\nx = 1\n```"]), AgentConfig(max_steps=3))
+    assert traj.stop is StopReason.STEP_LIMIT and len(traj.turns) == 3 and not traj.outcome.success
+    traj, _ = _run(ScriptPolicy(["```python\nx = 1\n```", "RAISE"]))
+    assert traj.stop is StopReason.POLICY_ERROR and "server went away" in traj.error and len(traj.turns) == 1
+
+
+def test_token_budget_and_context_limit():
+    traj, _ = _run(ScriptPolicy(["```python\nx = 1\n```"], tokens_per_reply=40), AgentConfig(token_budget=100, min_turn_tokens=30))
+    assert traj.stop is StopReason.TOKEN_BUDGET and len(traj.turns) == 2  # 100 - 80 = 20 < 30
+    assert turn_room(AgentConfig(context_limit=1000, max_tokens_per_turn=300), 900, 0) == (100, StopReason.CONTEXT_LIMIT)
+    assert turn_room(AgentConfig(token_budget=50), 10, 20) == (30, StopReason.TOKEN_BUDGET)
+
+
+def test_each_turn_asks_for_at_most_the_room_left():
+    policy = ScriptPolicy(["```python\nx = 1\n```"], tokens_per_reply=40)
+    _run(policy, AgentConfig(token_budget=100, max_tokens_per_turn=64, min_turn_tokens=1, max_steps=4))
+    assert [r.params.max_tokens for r in policy.requests] == [64, 60, 20]
+
+
+def test_library_preamble_runs_first_and_failures_are_dropped():
+    traj, env = _run(ScriptPolicy(["```python\ncomplete()\n```"]), preamble=(("f", "def f(): ..."), ("bad", "def bad(: ...")))
+    assert [o for o, _ in env.cells][:2] == ["<skill:f>", "<skill:bad>"]
+    assert traj.library_in == ("f", "bad") and traj.library_dropped == ("bad",)
+
+
+# ------------------------------------------------------------------ chains and groups
+
+
+class FakeSuite:
+    name = "fake"
+
+    def split(self, split):
+        return tuple(Task(f"s{i}_{k}", f"s{i}", k, f"task {k} of s{i}", split) for i in range(2) for k in (1, 2))
+
+    def sample_chain(self, rng, length, split="train"):
+        i = rng.randrange(100)
+        return tuple(Task(f"t{i}_{k}", f"t{i}", k, f"task {k}", split) for k in range(1, length + 1))
+
+    async def open(self):
+        return FakeEnv()
+
+
+class SkillPolicy:
+    """Task 1 defines and calls skill f; task 2 calls f (which the library loaded), then completes."""
+
+    tokenizer = None
+    name = "skill"
+
+    async def generate(self, request):
+        if "f" in request.library:
+            return Completion("```python\nf()\ncomplete()\n```", completion_tokens=5)
+        return Completion("```python\ndef f():\n    return 1\nf()\ncomplete()\n```", completion_tokens=5)
+
+
+class DefiningEnv(FakeEnv):
+    """Reports f as defined in its cell and called from that cell (or from the library)."""
+
+    async def execute(self, code, origin):
+        r = await super().execute(code, origin)
+        if origin.startswith("<cell-") and "def f" in code:
+            return ExecResult("out", True, calls=(CallRecord("f", origin, 1, 0),), defined=("f",))
+        return r
+
+
+class DefiningSuite(FakeSuite):
+    async def open(self):
+        return DefiningEnv()
+
+
+def _runner(policy, suite):
+    return ChainRunner(policy, suite, PromptBuilder(), AgentConfig(max_steps=3), SkillsConfig(), SamplingParams(),
+                       make_retriever(RetrievalConfig()))
+
+
+def test_chain_carries_the_library_and_records_used_from():
+    suite = DefiningSuite()
+    chain = asyncio.run(_runner(SkillPolicy(), suite).run(suite.split("dev")[:2], Library()))
+    t1, t2 = chain.trajectories
+    assert t1.skills_saved == ("f",) and t1.library_in == ()
+    assert t2.library_in == ("f",) and t2.skills_used == ("f",)
+    assert chain.used_from == ((), (0,))
+
+
+def test_group_contract_and_samples_grouped_by_position():
+    suite = DefiningSuite()
+    cfg = RolloutConfig(chain_length=2, group_size=3, groups_per_step=2)
+    groups = asyncio.run(rollout_batch(_runner(SkillPolicy(), suite), suite, random.Random(0), cfg))
+    assert [len(g) for g in groups] == [3, 3]
+    for chains in groups:
+        assert len({c.task_ids for c in chains}) == 1
+        assert len({c.trajectories[0].library_in for c in chains}) == 1
+    samples = to_samples(groups, cfg)
+    assert len(samples) == 12
+    assert {s.group for s in samples} == {(c.task_ids, k) for g in groups for c in g[:1] for k in (0, 1)}
+    # every chain succeeds and task 2 reuses task 1's skill: R = (1 + 1, 1 + 1), advantages 0
+    assert all(s.reward == 2.0 and s.advantage == 0.0 for s in samples)
+
+
+def test_group_contract_violation_is_caught():
+    suite = FakeSuite()
+    a = asyncio.run(_runner(SkillPolicy(), suite).run(suite.split("dev")[:2], Library()))
+    b = asyncio.run(_runner(SkillPolicy(), suite).run(suite.split("dev")[2:], Library()))
+    with pytest.raises(AssertionError, match="group contract"):
+        check_group_contract([[a, b]])
