@@ -23,7 +23,7 @@ from sage_rl.skills.library import Library
 from sage_rl.skills.record import Provenance, Skill
 from sage_rl.skills.retrieval import RetrievalConfig, Retriever, TaskContext
 from sage_rl.skills.usage import used_skills_from_calls, used_skills_static
-from sage_rl.types import Chain, ExecResult, Task, Trajectory
+from sage_rl.types import Chain, ExecResult, Task, Trajectory, cell_origin
 
 
 class SkillsConfig(Section):
@@ -59,6 +59,7 @@ class ChainRunner:
             traj = await self._episode(task, visible, chain_index)
             used = self._used(traj, visible)
             saved = self._saved(traj, library)
+            library.record_use(used, traj.outcome.success)
             used_from.append(tuple(sorted({made_by[n] for n in used if n in made_by})))
             for skill in saved:
                 library.add(skill)
@@ -96,8 +97,10 @@ class ChainRunner:
         if not self.skills.use_skills:
             return []
         cells = [(t.code, _result(t)) for t in traj.turns if t.code]
+        origins = [cell_origin(i) for i, t in enumerate(traj.turns) if t.code]
         prov = Provenance(task_id=traj.task.task_id, scenario_id=traj.task.scenario_id, policy=traj.policy, step=self.step)
-        return extract_skills(cells, policy=self.skills.save_policy, task_success=traj.outcome.success, provenance=prov)
+        return extract_skills(cells, policy=self.skills.save_policy, task_success=traj.outcome.success,
+                              provenance=prov, library=library, origins=origins)
 
 
 def _result(turn) -> ExecResult:
