@@ -16,6 +16,7 @@ from sage_rl.envs.base import Suite
 from sage_rl.policies.base import Policy, SamplingParams
 from sage_rl.rollout.chain import ChainRunner, SkillsConfig
 from sage_rl.rollout.episode import AgentConfig
+from sage_rl.sandbox.limits import SandboxLimits
 from sage_rl.skills.retrieval import make_retriever
 
 
@@ -56,6 +57,7 @@ class RunConfig(Section):
     sampling: SamplingConfig = SamplingConfig()
     agent: AgentConfig = AgentConfig(max_steps=10, max_tokens_per_turn=384, context_limit=8192)
     skills: SkillsConfig = SkillsConfig()
+    sandbox: SandboxLimits = SandboxLimits()  # limits for agent code (docs/sandbox.md)
     seed: int = 0
 
 
@@ -66,7 +68,11 @@ def build_suite(cfg: RunConfig) -> Suite:
         return AppWorldSuite()
     from sage_rl.envs.pocketworld.env import PocketWorldSuite
 
-    return PocketWorldSuite(sandbox=cfg.pocketworld.sandbox)
+    if not cfg.pocketworld.sandbox:
+        return PocketWorldSuite()
+    from sage_rl.envs.pocketworld.sandboxed import executor_factory
+
+    return PocketWorldSuite(executor_factory=executor_factory(cfg.sandbox))
 
 
 def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:

@@ -4,6 +4,7 @@ so ``sage-rl world ...`` does not pay for importing torch."""
 from __future__ import annotations
 
 import importlib
+import sys
 
 import typer
 
@@ -24,8 +25,11 @@ _COMMANDS = {
 }
 
 
-def _register() -> None:
+def _register(only: str | None = None) -> None:
+    """Import and add the command groups (all of them, or just ``only``)."""
     for name, (mod, help_) in _GROUPS.items():
+        if only and name != only:
+            continue
         try:
             sub = importlib.import_module(mod).app
         except ModuleNotFoundError as e:
@@ -34,6 +38,8 @@ def _register() -> None:
             continue
         app.add_typer(sub, name=name, help=help_)
     for name, (mod, help_) in _COMMANDS.items():
+        if only and name != only:
+            continue
         try:
             fn = importlib.import_module(mod).main
         except ModuleNotFoundError as e:
@@ -44,5 +50,7 @@ def _register() -> None:
 
 
 def main() -> None:
-    _register()
+    # Import only the module of the command being run: `sage-rl world ...` must not pay for torch.
+    first = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    _register(first if first in _GROUPS or first in _COMMANDS else None)
     app()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import itertools
 import json
 import sys
@@ -43,14 +45,28 @@ def _split_tasks(split: str) -> tuple[Task, ...]:
     return pw.split_tasks(split)
 
 
-def _run(task: Task, code: str | None) -> tuple[str, bool, Outcome]:
-    env = PocketWorldEnv()
+def _env(in_process: bool) -> PocketWorldEnv:
+    """The sandbox by default (issue 3); ``--in-process`` only for debugging world code."""
+    if in_process:
+        return PocketWorldEnv()
+    from sage_rl.envs.pocketworld.sandboxed import executor_factory
+
+    return PocketWorldEnv(executor_factory())
+
+
+InProcessOpt = Annotated[bool, typer.Option("--in-process", help="run the cell in this process, not the sandbox")]
+
+
+def _run(task: Task, code: str | None, in_process: bool = False) -> tuple[str, bool, Outcome]:
+    env = _env(in_process)
     env.reset_sync(task)
     observation, completed = "", False
     if code is not None:
         r = env.execute_sync(code, cell_origin(1))
         observation, completed = r.observation, r.completed
-    return observation, completed, env.evaluate_sync()
+    outcome = env.evaluate_sync()
+    asyncio.run(env.close())
+    return observation, completed, outcome
 
 
 def _print_outcome(o: Outcome) -> None:
@@ -105,13 +121,14 @@ def run(
     solution: Annotated[bool, typer.Option("--solution", help="run the reference solution")] = False,
     noop: Annotated[bool, typer.Option("--noop", help="run nothing, just evaluate")] = False,
     as_json: JsonOpt = False,
+    in_process: InProcessOpt = False,
 ) -> None:
     """Run a code file, the reference solution or nothing on a task; print the observation and evaluation."""
     if sum([code is not None, solution, noop]) != 1:
         raise typer.BadParameter("give exactly one of --code FILE, --solution, --noop")
     t = _task(task_id)
     source = None if noop else pw.reference_solution(t) if solution else code.read_text()  # type: ignore[union-attr]
-    observation, completed, outcome = _run(t, source)
+    observation, completed, outcome = _run(t, source, in_process)
     if as_json:
         return _emit(
             {"task_id": t.task_id, "observation": observation, "completed": completed, "outcome": outcome}
@@ -148,10 +165,10 @@ def verify(split: SplitOpt = "dev", as_json: JsonOpt = False) -> None:
 
 
 @app.command()
-def play(task_id: str) -> None:
+def play(task_id: str, in_process: InProcessOpt = False) -> None:
     """Solve a task by hand: type a cell, end it with a line '%%' (or EOF); stops when the task is completed."""
     t = _task(task_id)
-    env = PocketWorldEnv()
+    env = _env(in_process)
     env.reset_sync(t)
     console.print(
         f"[bold]{t.instruction}[/]\n[dim]End each cell with a line '%%'. Call apis.supervisor.complete_task() to finish.[/]"

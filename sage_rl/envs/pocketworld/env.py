@@ -7,6 +7,7 @@ agent code never sees.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
 from collections.abc import Callable
@@ -27,13 +28,19 @@ class PocketWorldEnv:
         self._factory = executor_factory
         #: whether ``ExecResult.calls`` holds call records: the executor class says so
         self.reports_calls: bool = bool(getattr(executor_factory, "reports_calls", False))
+        #: sandbox sessions block on I/O and are thread-safe: run them off the event loop so that
+        #: concurrent episodes (and the policy's batching) keep going while a cell runs
+        self._offload: bool = bool(getattr(executor_factory, "blocking", False))
         self._task: Task | None = None
         self._world: World | None = None
         self._initial: Db | None = None
         self._executor: Executor | None = None
 
     async def reset(self, task: Task) -> None:
-        self.reset_sync(task)
+        if self._offload:
+            await asyncio.to_thread(self.reset_sync, task)
+        else:
+            self.reset_sync(task)
 
     def reset_sync(self, task: Task) -> None:
         """Synchronous ``reset`` (for the CLI, tests and benchmarks)."""
@@ -45,6 +52,8 @@ class PocketWorldEnv:
         self._executor = self._factory(self._world.call)
 
     async def execute(self, code: str, origin: str) -> ExecResult:
+        if self._offload:
+            return await asyncio.to_thread(self.execute_sync, code, origin)
         return self.execute_sync(code, origin)
 
     def execute_sync(self, code: str, origin: str) -> ExecResult:
@@ -67,8 +76,8 @@ class PocketWorldEnv:
 
     async def close(self) -> None:
         if self._executor is not None:
-            self._executor.close()
-            self._executor = None
+            executor, self._executor = self._executor, None
+            await asyncio.to_thread(executor.close) if self._offload else executor.close()
 
 
 class PocketWorldSuite:

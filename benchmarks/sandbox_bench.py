@@ -1,0 +1,155 @@
+"""Sandbox speed and memory. Prints one JSON object of medians (issue 3 targets: empty cell < 2 ms,
+API round trip < 150 us).
+
+    .venv/bin/python benchmarks/sandbox_bench.py [--reps 30]
+
+- acquire_ms: ``await sandbox.acquire(dispatch)`` taking a spare worker forked ahead (the steady state);
+- acquire_cold_ms: the same with no spare: fork from the warm template, apply the layers, hello;
+- empty_cell_ms: ``execute("pass")`` round trip from the parent;
+- api_call_us: one ``apis.x.y()`` round trip as agent code sees it (timed inside the worker; the
+  median call; api_call_mean_us is the mean, which scheduling delays on a loaded machine inflate);
+- cell_100_api_calls_ms: a cell making 100 API calls, round trip from the parent;
+- worker_peak_rss_mb / worker_pss_mb: VmHWM and proportional set size of a worker after the cells
+  (PSS splits pages shared with the template, so it is the memory each extra worker costs);
+- tracking_overhead_ns_per_call: extra time of one call of an agent function (call records);
+- socketpair_floor_us and load_avg_1m: a bare two-process ping-pong and the load, for context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import time
+
+from sage_rl.sandbox import Sandbox, SandboxLimits
+
+# Per-call times inside the worker: the round trip as agent code sees it (median and mean, in us).
+API_LOOP = (
+    "import time, statistics\nts = []\nfor _ in range(200):\n    t = time.perf_counter()\n"
+    "    apis.bench.ping(i=1)\n    ts.append(time.perf_counter() - t)\n"
+    "print(statistics.median(ts) * 1e6, statistics.mean(ts) * 1e6)"
+)
+
+
+def dispatch(app: str, api: str, kwargs: dict) -> dict:
+    return {"ok": True}
+
+
+def socketpair_floor_us(n: int = 2000) -> float:
+    """The floor: a bare fork + socketpair ping-pong of 50 bytes, microseconds per round trip."""
+    a, b = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        a.close()
+        while data := b.recv(100):
+            b.sendall(data)
+        os._exit(0)
+    b.close()
+    t = time.perf_counter()
+    for _ in range(n):
+        a.sendall(b"x" * 50)
+        a.recv(100)
+    elapsed = time.perf_counter() - t
+    a.close()
+    os.waitpid(pid, 0)
+    return elapsed / n * 1e6
+
+
+def _proc_kb(pid: int, path: str, key: str) -> float:
+    try:
+        with open(f"/proc/{pid}/{path}") as f:
+            for line in f:
+                if line.startswith(key):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return float("nan")
+
+
+# Cost of call tracking: an agent function (wrapped) vs the same function compiled as non-agent code.
+TRACKING = (
+    "import time\ndef f(x):\n    return x\n"
+    "g = eval(compile('lambda x: x', 'plain', 'eval'))\n"
+    "def per_call(fn):\n    t = time.perf_counter()\n    for i in range(100_000):\n        fn(i)\n"
+    "    return (time.perf_counter() - t) / 100_000 * 1e9\n"
+    "print(per_call(f) - per_call(g))"
+)
+
+
+async def settle(sandbox: Sandbox) -> None:
+    while sandbox._refilling:  # noqa: SLF001 - measurement only
+        await asyncio.sleep(0.005)
+
+
+async def cold_acquire_ms(reps: int) -> float:
+    """Acquire without spares: fork from the template, apply the layers, read the hello."""
+    with Sandbox(SandboxLimits(), spares=0) as sandbox:
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            session = await sandbox.acquire(dispatch)
+            times.append((time.perf_counter() - t) * 1e3)
+            await session.close()
+    return statistics.median(times)
+
+
+async def measure(sandbox: Sandbox, reps: int) -> dict[str, float]:
+    acquire, empty, api, api_mean, hundred, rss, pss, track = [], [], [], [], [], [], [], []
+    for _ in range(reps):
+        await settle(sandbox)
+        t = time.perf_counter()
+        session = await sandbox.acquire(dispatch)
+        acquire.append((time.perf_counter() - t) * 1e3)
+        await settle(sandbox)  # the spare refill forks in the background; keep it out of the cell timings
+        await session.execute("pass", "<cell-0>")  # warm
+        for i in range(20):
+            t = time.perf_counter()
+            await session.execute("pass", f"<cell-{i + 1}>")
+            empty.append((time.perf_counter() - t) * 1e3)
+        p50, mean = (await session.execute(API_LOOP, "<cell-9>")).observation.split()
+        api.append(float(p50))
+        api_mean.append(float(mean))
+        t = time.perf_counter()
+        await session.execute("for _ in range(100):\n    apis.bench.ping(i=1)", "<cell-10>")
+        hundred.append((time.perf_counter() - t) * 1e3)
+        track.append(float((await session.execute(TRACKING, "<cell-11>")).observation))
+        pid = session._worker.pid  # noqa: SLF001 - measurement only
+        rss.append(_proc_kb(pid, "status", "VmHWM:") / 1024)
+        pss.append(_proc_kb(pid, "smaps_rollup", "Pss:") / 1024)
+        await session.close()
+    med = statistics.median
+    return {
+        "acquire_ms": round(med(acquire), 3),
+        "empty_cell_ms": round(med(empty), 3),
+        "api_call_us": round(med(api), 1),
+        "api_call_mean_us": round(med(api_mean), 1),
+        "cell_100_api_calls_ms": round(med(hundred), 3),
+        "tracking_overhead_ns_per_call": round(med(track)),
+        "worker_peak_rss_mb": round(med(rss), 1),
+        "worker_pss_mb": round(med(pss), 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=30)
+    args = parser.parse_args()
+    t = time.perf_counter()
+    with Sandbox(SandboxLimits()) as sandbox:
+        result = asyncio.run(measure(sandbox, args.reps))
+        assert sandbox.isolation is not None
+        result["isolation"] = sandbox.isolation.level
+    result["acquire_cold_ms"] = round(asyncio.run(cold_acquire_ms(max(5, args.reps // 2))), 3)
+    result["socketpair_floor_us"] = round(socketpair_floor_us(), 1)
+    result["load_avg_1m"] = os.getloadavg()[0]
+    result["reps"] = args.reps
+    result["total_s"] = round(time.perf_counter() - t, 2)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""The OS isolation layers, applied best-available with fallback, and the report of what took effect.
+
+Order matters and is fixed here:
+1. template (once): a new network namespace, so every worker starts with no network;
+2. worker (after fork): rlimits -> scratch as cwd -> drop root to ``nobody`` -> no_new_privs ->
+   Landlock -> seccomp -> the friendly guard. Each step that fails is recorded, never fatal.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pwd
+import resource
+import site
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from sage_rl.sandbox import guard, landlock, seccomp_layer
+from sage_rl.sandbox.limits import SandboxLimits
+
+_CLONE_NEWNET, _CLONE_NEWUSER = 0x40000000, 0x10000000
+_PR_SET_NO_NEW_PRIVS, _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_KEEPCAPS = 38, 1, 4, 8
+_CAP_VERSION_3, _CAP_DAC_READ_SEARCH = 0x20080522, 2
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+_ETC_READABLE = (
+    "localtime", "timezone", "passwd", "group", "nsswitch.conf", "hosts", "resolv.conf", "mime.types",
+    "ssl", "ca-certificates", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "locale.alias", "os-release",
+)  # fmt: skip
+_DEV_READABLE = ("null", "zero", "full", "random", "urandom")
+_PROC_READABLE = ("cpuinfo", "meminfo", "stat", "loadavg", "uptime", "version", "filesystems")
+
+
+@dataclass(frozen=True)
+class IsolationReport:
+    """Which layers took effect in a worker. ``none``/empty means the layer is missing.
+
+    network: "netns" (own empty network namespace) | "landlock-tcp" | "seccomp" | "none";
+    filesystem: "landlock" (writes only in scratch) | "user" (file permissions of ``nobody``) | "none";
+    seccomp: True when the syscall filter is loaded (no processes, no network sockets, no signals out);
+    user: the user the worker runs as; rlimits: the resource limits set; notes: why a layer is missing.
+    """
+
+    network: str = "none"
+    filesystem: str = "none"
+    seccomp: bool = False
+    landlock: tuple[str, ...] = ()
+    user: str = ""
+    rlimits: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def level(self) -> str:
+        """ "strong": processes, network and writes are all held by the kernel; "partial": some are;
+        "weak": none are (only the process boundary and the parent's timeouts remain)."""
+        held = [self.seccomp, self.network != "none", self.filesystem == "landlock"]
+        return "strong" if all(held) else ("partial" if any(held) else "weak")
+
+    def line(self) -> str:
+        return (
+            f"sandbox isolation: {self.level} (network={self.network}, filesystem={self.filesystem}, "
+            f"seccomp={'on' if self.seccomp else 'off'}, landlock={','.join(self.landlock) or 'off'}, "
+            f"user={self.user}, rlimits={','.join(self.rlimits) or 'none'})"
+            + (f"; missing: {'; '.join(self.notes)}" if self.notes else "")
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "network": self.network,
+            "filesystem": self.filesystem,
+            "seccomp": self.seccomp,
+            "landlock": list(self.landlock),
+            "user": self.user,
+            "rlimits": list(self.rlimits),
+            "notes": list(self.notes),
+            "level": self.level,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> IsolationReport:
+        return cls(
+            network=str(d.get("network", "none")),
+            filesystem=str(d.get("filesystem", "none")),
+            seccomp=bool(d.get("seccomp", False)),
+            landlock=tuple(str(x) for x in d.get("landlock", ())),
+            user=str(d.get("user", "")),
+            rlimits=tuple(str(x) for x in d.get("rlimits", ())),
+            notes=tuple(str(x) for x in d.get("notes", ())),
+        )
+
+
+def enter_network_namespace() -> tuple[str, str]:
+    """In the template, before any fork: a new, empty network namespace (only a down loopback).
+
+    Root (CAP_SYS_ADMIN) gets it directly; others through a user namespace mapping only their own
+    ids. Returns (layer, note)."""
+    if _libc.unshare(_CLONE_NEWNET) == 0:
+        return "netns", ""
+    first = os.strerror(ctypes.get_errno())
+    uid, gid = os.getuid(), os.getgid()
+    if _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
+        return (
+            "none",
+            f"network namespace unavailable ({first}; user namespace: {os.strerror(ctypes.get_errno())})",
+        )
+    try:
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    except OSError as e:
+        return "netns", f"user namespace id map failed ({e})"
+    return "netns", ""
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def readable_paths() -> list[str]:
+    """What a worker may read under Landlock: system folders, this Python and its packages."""
+    import sage_rl  # noqa: PLC0415
+
+    paths = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/sys/devices/system/cpu"]
+    # The worker's own /proc entry only ("/proc/self" resolves when the worker adds the rule): a
+    # trainer of the same user would otherwise expose /proc/<pid>/environ and its open files.
+    paths += ["/proc/self", *(f"/proc/{name}" for name in _PROC_READABLE)]
+    # Named files only under /etc and /dev: the worker may hold CAP_DAC_READ_SEARCH, which would
+    # otherwise open /etc/shadow or a raw disk.
+    paths += [f"/etc/{name}" for name in _ETC_READABLE] + [f"/dev/{name}" for name in _DEV_READABLE]
+    paths += [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))]
+    # Site folders, not every sys.path entry: PYTHONPATH may name a checkout holding run outputs.
+    paths += site.getsitepackages()
+    paths.append(os.path.dirname(os.path.abspath(sage_rl.__file__)))
+    # realpath, except /proc/self: it must resolve in the worker, not here in the template
+    return list(dict.fromkeys(p if p.startswith("/proc/") else os.path.realpath(p) for p in paths))
+
+
+def apply_worker_layers(
+    limits: SandboxLimits, scratch: str, network: str, readable: list[str]
+) -> IsolationReport:
+    """Apply every worker layer that this machine supports; return what took effect."""
+    notes: list[str] = []
+    template = os.getppid()
+    rl = _set_rlimits(limits, notes)
+    os.chdir(scratch)
+    os.environ.update(HOME=scratch, TMPDIR=scratch)
+    abi = landlock.abi_version()
+    # With Landlock limiting reads, the dropped user keeps CAP_DAC_READ_SEARCH so that an interpreter
+    # installed under a private folder (e.g. /root/.pyenv) stays importable.
+    keep_read = abi >= 1 and limits.restrict_reads
+    user = _drop_user(limits.drop_user, keep_read, notes)
+    if os.getuid() != 0:
+        rl += _try_rlimit("NPROC", resource.RLIMIT_NPROC, limits.threads, notes)
+    # Die with the template. Set after the user switch, which clears it; then check for the race.
+    _libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
+    if os.getppid() != template:
+        os._exit(0)
+    _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # no core dumps, no /proc/<pid>/mem for same-user peers
+    _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    ll = _landlock(abi, limits, scratch, readable, notes)
+    sec = _seccomp(notes)
+    if user.endswith("+read") and not ("fs-read" in ll and sec):
+        _set_caps(0)  # the read capability is only safe under Landlock reads and seccomp
+        user = user.removesuffix("+read")
+    guard.install()
+    net = (
+        network if network != "none" else ("landlock-tcp" if "tcp" in ll else ("seccomp" if sec else "none"))
+    )
+    fs = "landlock" if ll else ("user" if user != "root" else "none")
+    return IsolationReport(net, fs, sec, tuple(ll), user, tuple(rl), tuple(notes))
+
+
+def _try_rlimit(name: str, which: int, value: int, notes: list[str]) -> list[str]:
+    try:
+        resource.setrlimit(which, (value, value))
+        return [name]
+    except (OSError, ValueError) as e:
+        notes.append(f"RLIMIT_{name}: {e}")
+        return []
+
+
+def _set_rlimits(limits: SandboxLimits, notes: list[str]) -> list[str]:
+    import signal  # noqa: PLC0415
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large write fails with EFBIG instead of killing
+    out = _try_rlimit("AS", resource.RLIMIT_AS, limits.address_space_bytes, notes)
+    out += _try_rlimit("FSIZE", resource.RLIMIT_FSIZE, limits.file_size_bytes, notes)
+    out += _try_rlimit("NOFILE", resource.RLIMIT_NOFILE, limits.open_files, notes)
+    out += _try_rlimit("CORE", resource.RLIMIT_CORE, 0, notes)
+    try:
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.episode_cpu_seconds))
+        out.append("CPU")
+    except (OSError, ValueError) as e:
+        notes.append(f"RLIMIT_CPU: {e}")
+    return out
+
+
+def _drop_user(name: str, keep_read: bool, notes: list[str]) -> str:
+    """Switch from root to ``name``; returns the user name, suffixed "+read" when
+    CAP_DAC_READ_SEARCH was kept."""
+    if os.getuid() != 0:
+        # In the user-namespace fallback a worker holds every capability inside that namespace
+        # (enough to ptrace a sibling worker); it needs none.
+        _set_caps(0)
+        return pwd.getpwuid(os.getuid()).pw_name if _known_uid(os.getuid()) else f"uid {os.getuid()}"
+    if not name:
+        notes.append("runs as root (drop_user is empty)")
+        return "root"
+    try:
+        pw = pwd.getpwnam(name)
+        os.setgroups([])
+        os.setgid(pw.pw_gid)
+        if keep_read:
+            _libc.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0)
+        os.setuid(pw.pw_uid)
+    except (KeyError, OSError) as e:
+        notes.append(f"could not switch to user {name!r} ({e})")
+        return "root"
+    if keep_read and _set_caps(1 << _CAP_DAC_READ_SEARCH):
+        return name + "+read"
+    _set_caps(0)
+    if not os.access(os.path.dirname(os.__file__), os.R_OK | os.X_OK):
+        notes.append(f"user {name!r} cannot read the Python library: imports not made by the template fail")
+    return name
+
+
+def _set_caps(mask: int) -> bool:
+    """Set effective = permitted = ``mask`` (capabilities 0-31), inheritable = 0."""
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)(mask, mask, 0, 0, 0, 0)
+    return _libc.capset(header, data) == 0
+
+
+def _known_uid(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False
+
+
+def _landlock(
+    abi: int, limits: SandboxLimits, scratch: str, readable: list[str], notes: list[str]
+) -> list[str]:
+    if abi < 1:
+        notes.append(
+            "Landlock unavailable (kernel < 5.13 or LSM disabled): writes limited by file permissions only"
+        )
+        return []
+    try:
+        return landlock.restrict(abi, scratch, readable, limits.restrict_reads, ["/dev/null"])
+    except OSError as e:
+        notes.append(f"Landlock failed ({e})")
+        return []
+
+
+def _seccomp(notes: list[str]) -> bool:
+    try:
+        seccomp_layer.install(os.getpid())
+        return True
+    except (ImportError, OSError, RuntimeError, ValueError, KeyError) as e:
+        notes.append(f"seccomp unavailable ({type(e).__name__}: {e})")
+        return False

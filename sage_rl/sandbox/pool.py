@@ -1,0 +1,296 @@
+"""The parent side: ``Sandbox`` owns the template process and hands out ``Session``s.
+
+sandbox = Sandbox(SandboxLimits())
+print(sandbox.start().line())            # the effective isolation, once at start-up
+session = await sandbox.acquire(dispatch) # dispatch(app, api, kwargs) -> JSON value, in the parent
+result = await session.execute("print(apis.bank.balance())", "<cell-1>")
+await session.reset()                     # next episode: fresh worker, namespace and scratch
+await session.close(); sandbox.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sage_rl.sandbox.isolation import IsolationReport
+from sage_rl.sandbox.limits import SandboxLimits
+
+if TYPE_CHECKING:
+    from sage_rl.sandbox.session import Session
+
+log = logging.getLogger(__name__)
+
+Dispatch = Callable[[str, str, dict[str, Any]], Any]
+
+_START_TIMEOUT_S = 60.0
+_CONTROL_TIMEOUT_S = 20.0
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (its template process could not start or fork)."""
+
+
+class Sandbox:
+    """A warm template process from which workers are forked, one per live episode.
+
+    Thread-safe for ``acquire``; ``start`` runs once, lazily, on first use. ``spares`` workers are
+    forked ahead of need by a background thread, each with its own scratch folder, so that an
+    episode's ``reset`` takes one at once instead of waiting for fork and the isolation layers.
+    ``close`` ends the template and the spares; workers die with the template (PR_SET_PDEATHSIG).
+    """
+
+    def __init__(self, limits: SandboxLimits | None = None, spares: int = 2) -> None:
+        self.limits = limits or SandboxLimits()
+        self.isolation: IsolationReport | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ctl: socket.socket | None = None
+        self._stderr: Any = None
+        self._lock = threading.Lock()
+        self._spare_target = spares
+        self._spares: list[tuple[int, socket.socket, Path]] = []
+        self._refilling = False
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> IsolationReport:
+        """Start the template (once) and probe one worker; return and log the effective isolation."""
+        if not sys.platform.startswith("linux"):
+            raise SandboxError(
+                f"the sandbox needs Linux (this is {sys.platform}); run agent code in-process instead"
+            )
+        with self._lock:
+            if self._proc is None:
+                self._start_template()
+            if self.isolation is None:
+                self.isolation = self._probe()
+                log.info(self.isolation.line())
+            report = self.isolation
+        self._start_refill()
+        return report
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._discard_spares()
+            self._stop_template()
+
+    def __enter__(self) -> Sandbox:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def acquire(self, dispatch: Dispatch) -> Session:
+        """A session with a fresh worker. ``dispatch`` runs in the parent for each ``apis`` call."""
+        from sage_rl.sandbox.session import Session  # noqa: PLC0415 - session imports this module
+
+        if self.isolation is None:
+            await asyncio.to_thread(self.start)
+        session = Session(self, dispatch)
+        await session.reset()
+        return session
+
+    # -- used by Session -------------------------------------------------------------------------
+
+    def new_scratch(self) -> Path:
+        """A private folder for one episode, owned by the worker's user."""
+        path = tempfile.mkdtemp(prefix="sage-sandbox-", dir=self.limits.scratch_root)
+        if os.getuid() == 0 and self.limits.drop_user:
+            with contextlib.suppress(KeyError, OSError):
+                pw = pwd.getpwnam(self.limits.drop_user)
+                os.chown(path, pw.pw_uid, pw.pw_gid)
+        return Path(path)
+
+    def take_spare(self) -> tuple[int, socket.socket, Path] | None:
+        """A worker forked ahead, with its scratch folder, or None when none is waiting."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is not None:
+                # The template died (e.g. the OOM killer): its spares are dying with it.
+                log.warning("sandbox template exited with %s; restarting it", self._proc.returncode)
+                self._discard_spares()
+                self._stop_template()
+            spare = self._spares.pop() if self._spares else None
+        self._start_refill()
+        return spare
+
+    def fork_worker(self, scratch: Path) -> tuple[int, socket.socket]:
+        """Fork a worker for ``scratch``: (pid, the parent's end of its socket). Restarts a dead
+        template once before giving up."""
+        with self._lock:
+            if self._closed:
+                raise SandboxError("the sandbox is closed")
+            for attempt in (1, 2):
+                if self._proc is None:
+                    self._start_template()
+                try:
+                    return self._request_fork(scratch)
+                except (OSError, SandboxError) as e:
+                    if attempt == 2:
+                        raise SandboxError(f"could not fork a sandbox worker: {e}") from e
+                    log.warning("sandbox template failed (%s); restarting it", e)
+                    self._stop_template()
+        raise AssertionError("unreachable")
+
+    # -- spares ----------------------------------------------------------------------------------
+
+    def _discard_spares(self) -> None:
+        for _, sock, scratch in self._spares:
+            sock.close()  # the spare sees EOF and exits
+            shutil.rmtree(scratch, ignore_errors=True)
+        self._spares.clear()
+
+    def _start_refill(self) -> None:
+        with self._lock:
+            if self._refilling or self._closed or len(self._spares) >= self._spare_target:
+                return
+            self._refilling = True
+        threading.Thread(target=self._refill, name="sage-sandbox-spares", daemon=True).start()
+
+    def _refill(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if self._closed or len(self._spares) >= self._spare_target:
+                        return
+                scratch = self.new_scratch()
+                try:
+                    pid, sock = self.fork_worker(scratch)
+                except SandboxError as e:
+                    shutil.rmtree(scratch, ignore_errors=True)
+                    if not self._closed:
+                        log.warning("sandbox: could not fork a spare worker (%s)", e)
+                    return
+                with self._lock:
+                    if self._closed:
+                        sock.close()
+                        shutil.rmtree(scratch, ignore_errors=True)
+                        return
+                    self._spares.append((pid, sock, scratch))
+        finally:
+            with self._lock:
+                self._refilling = False
+
+    # -- template --------------------------------------------------------------------------------
+
+    def _start_template(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pkg_parent = str(Path(__file__).resolve().parents[2])
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": pkg_parent,  # no other variable of the trainer (tokens, keys) is passed
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "MALLOC_ARENA_MAX": "2",  # glibc reserves 64 MiB of address space per arena otherwise
+            # One BLAS/OpenMP thread: per-core buffers would eat RLIMIT_AS on a many-core machine.
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        }
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the template
+        cmd = [sys.executable, "-s", "-c", "from sage_rl.sandbox.template import main; main()"]
+        self._proc = subprocess.Popen(
+            [*cmd, str(theirs.fileno()), self.limits.model_dump_json()],
+            pass_fds=[theirs.fileno()],
+            env=env,
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr,
+            start_new_session=True,
+        )
+        theirs.close()
+        self._ctl = ours
+        ready = self._recv_control(_START_TIMEOUT_S)
+        if ready.get("op") != "ready":
+            raise SandboxError(f"sandbox template sent {ready!r} instead of 'ready'")
+        self._network_note = str(ready.get("note") or "")
+
+    def _stop_template(self) -> None:
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+
+    def _template_stderr(self) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        return self._stderr.read()[-2000:].decode(errors="replace")
+
+    def _recv_control(self, timeout: float) -> dict[str, Any]:
+        assert self._ctl is not None
+        self._ctl.settimeout(timeout)
+        try:
+            data, fds, _, _ = socket.recv_fds(self._ctl, 65536, 1)
+        except TimeoutError:
+            raise SandboxError(f"sandbox template did not answer in {timeout:g} s") from None
+        if not data:
+            raise SandboxError(f"sandbox template exited: {self._template_stderr() or 'no message'}")
+        msg = json.loads(data)
+        msg["_fds"] = fds
+        return msg
+
+    def _request_fork(self, scratch: Path) -> tuple[int, socket.socket]:
+        assert self._ctl is not None
+        self._ctl.send(json.dumps({"op": "fork", "scratch": str(scratch)}).encode())
+        msg = self._recv_control(_CONTROL_TIMEOUT_S)
+        fds = msg["_fds"]
+        if msg.get("op") != "forked" or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise SandboxError(f"sandbox template could not fork: {msg.get('error', msg)}")
+        return int(msg["pid"]), socket.socket(fileno=fds[0])
+
+    def _probe(self) -> IsolationReport:
+        """Fork one worker, read its isolation report, end it."""
+        scratch = self.new_scratch()
+        try:
+            pid, sock = self._request_fork(scratch)
+            with sock:
+                sock.settimeout(_CONTROL_TIMEOUT_S)
+                head = _recv_exact(sock, 4)
+                hello = json.loads(_recv_exact(sock, int.from_bytes(head, "big")))
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        report = IsolationReport.from_dict(hello.get("isolation", {}))
+        if self._network_note:
+            report = IsolationReport(**{**report.__dict__, "notes": (*report.notes, self._network_note)})
+        return report
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise SandboxError("sandbox worker exited during start-up")
+        buf += chunk
+    return buf

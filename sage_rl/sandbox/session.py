@@ -1,0 +1,238 @@
+"""One live episode's worker, seen from the parent: execute cells, serve ``apis`` calls, enforce limits.
+
+Everything read from the worker is untrusted: frame sizes are checked before buffering, messages
+are JSON checked for shape, and any breach ends the worker (a fresh one takes its place). The
+parent-side limits (wall-clock deadline, API calls per cell, message size) hold even when agent
+code has rewritten the whole worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import shutil
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sage_rl.sandbox.channel import WorkerChannel, WorkerHandle
+from sage_rl.sandbox.isolation import IsolationReport
+from sage_rl.sandbox.protocol import ProtocolError, encode
+from sage_rl.types import CallRecord, ExecResult
+
+if TYPE_CHECKING:
+    from sage_rl.sandbox.pool import Dispatch, Sandbox
+
+RESTARTED = (
+    "The interpreter was restarted: variables, functions and imports from earlier cells are gone; "
+    "define them again."
+)
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """Why a cell did not finish normally in the worker; the worker is replaced after any of these."""
+
+    observation: str
+    timed_out: bool
+
+
+class Session:
+    """One episode's interpreter. Not safe for concurrent ``execute`` calls (one cell at a time).
+
+    ``restarts`` counts workers replaced mid-episode (timeouts, crashes); each one lost the
+    namespace, and the observation of the cell that caused it says so.
+    """
+
+    def __init__(self, sandbox: Sandbox, dispatch: Dispatch) -> None:
+        self.sandbox, self.dispatch = sandbox, dispatch
+        self.limits = sandbox.limits
+        self.scratch: Path | None = None
+        self.isolation: IsolationReport | None = None
+        self.restarts = 0
+        self._worker: WorkerHandle | None = None
+        self._busy = False
+        self._calls = 0  # API calls in the current cell
+
+    async def reset(self) -> None:
+        """A fresh worker, namespace and scratch folder (the next episode)."""
+        self._end_worker()
+        self._remove_scratch()
+        spare = self.sandbox.take_spare()
+        if spare is not None:
+            pid, sock, self.scratch = spare
+            try:
+                await self._connect(pid, sock)
+                return
+            except (EOFError, ProtocolError, TimeoutError, OSError):
+                pass  # the spare died (e.g. its template was restarted): fork a fresh one
+        else:
+            self.scratch = self.sandbox.new_scratch()
+        await self._spawn()
+
+    async def close(self) -> None:
+        self._end_worker()
+        self._remove_scratch()
+
+    async def execute(self, code: str, origin: str) -> ExecResult:
+        """Run one cell. Never raises for anything the code does; a worker that has to be killed
+        (timeout, crash, protocol breach) is replaced and the observation says so."""
+        if not isinstance(code, str) or not isinstance(origin, str):
+            raise TypeError("Session.execute takes code: str and origin: str")
+        if self._busy:
+            raise RuntimeError("Session.execute called while another cell of this session is running")
+        if self.scratch is None:
+            raise RuntimeError("Session is closed; call reset() first")
+        self._busy = True
+        start = time.perf_counter()
+        try:
+            if self._worker is None:
+                await self._spawn()
+            outcome = await self._run(code, origin)
+        finally:
+            self._busy = False
+        if isinstance(outcome, _Failure):
+            self._end_worker()
+            self.restarts += 1
+            return ExecResult(outcome.observation, ok=False, timed_out=outcome.timed_out, calls=(), defined=(),
+                              duration_s=time.perf_counter() - start)  # fmt: skip
+        return dataclasses.replace(outcome, duration_s=time.perf_counter() - start)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    async def _spawn(self) -> None:
+        """A new worker in the current scratch folder (the first, or one replacing a killed one)."""
+        assert self.scratch is not None
+        pid, sock = await asyncio.to_thread(self.sandbox.fork_worker, self.scratch)
+        await self._connect(pid, sock)
+
+    async def _connect(self, pid: int, sock: socket.socket) -> None:
+        channel = WorkerChannel(self._answer, self.limits.message_bytes)
+        worker = await WorkerHandle.connect(pid, sock, channel)
+        try:
+            async with asyncio.timeout(30):
+                hello = await channel.wait()
+        except BaseException:
+            worker.kill()
+            raise
+        self.isolation = IsolationReport.from_dict(hello.get("isolation") or {})
+        self._worker = worker
+
+    async def _run(self, code: str, origin: str) -> ExecResult | _Failure:
+        lim, worker = self.limits, self._worker
+        assert worker is not None
+        msg = {
+            "op": "exec",
+            "code": code,
+            "origin": origin,
+            "timeout": lim.wall_timeout_s,
+            "cpu": lim.cpu_seconds,
+        }
+        self._calls = 0
+        try:
+            async with asyncio.timeout(lim.wall_timeout_s + lim.kill_grace_s):
+                worker.signal(signal.SIGCONT)
+                worker.channel.start_cell(encode(msg))
+                done = await worker.channel.wait()
+            # Frozen between cells: threads the code left running take no CPU while the policy thinks.
+            worker.signal(signal.SIGSTOP)
+            return _result(done, lim.output_chars)
+        except TimeoutError:
+            return _Failure(
+                f"Timed out after {lim.wall_timeout_s:g} s, and the code did not stop when interrupted "
+                f"(for example it was stuck in a C call), so its process was killed and replaced. {RESTARTED}",
+                timed_out=True,
+            )
+        except (EOFError, ConnectionError, OSError):
+            return _Failure(
+                "The code ended its interpreter process (for example os._exit(), a crash in C code such as a "
+                "stack overflow from very deep recursion, "
+                f"or the CPU-time budget of the episode). {RESTARTED}",
+                timed_out=False,
+            )
+        except ProtocolError as e:
+            return _Failure(f"The code broke the sandbox's channel ({e}). {RESTARTED}", timed_out=False)
+        except BaseException:
+            self._end_worker()  # cancelled mid-cell: its state is unknown
+            raise
+
+    def _answer(self, msg: dict[str, Any]) -> bytes:
+        """The reply frame to one API call. Runs in the event loop, inside the channel's callback."""
+        app, api, kwargs = msg.get("app"), msg.get("api"), msg.get("kwargs")
+        if not (_public_name(app) and _public_name(api) and isinstance(kwargs, dict)):
+            return _error("malformed API call: apis.<app>.<api>(**kwargs)")
+        self._calls += 1
+        limit = self.limits.api_calls_per_cell
+        if self._calls > 2 * limit + 100:  # ignoring the refusals: a flood that would hog the event loop
+            raise ProtocolError(f"more than {2 * limit + 100} API calls in one cell")
+        if self._calls > limit:
+            return _error(f"API call limit reached: at most {limit} calls per cell")
+        try:
+            value = self.dispatch(app, api, kwargs)
+        except Exception as e:  # any API failure is the agent's to read; BaseException propagates
+            return _error(_message(e))
+        try:
+            frame = encode({"op": "ret", "ok": True, "value": value})
+        except (TypeError, ValueError) as e:
+            return _error(f"apis.{app}.{api} returned a non-JSON value ({e})")
+        if len(frame) > self.limits.message_bytes:
+            return _error(f"apis.{app}.{api}: result too large to return")
+        return frame
+
+    def _end_worker(self) -> None:
+        if self._worker is not None:
+            self._worker.kill()
+            self._worker = None
+
+    def _remove_scratch(self) -> None:
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+
+
+def _message(e: Exception) -> str:
+    try:
+        return str(e) or type(e).__name__
+    except Exception:  # an exception whose __str__ fails still has a name
+        return type(e).__name__
+
+
+def _error(message: str) -> bytes:
+    return encode({"op": "ret", "ok": False, "error": message})
+
+
+def _public_name(x: Any) -> bool:
+    """App and API names are untrusted: identifiers only, nothing private (``_x``, ``__class__``)."""
+    return isinstance(x, str) and x.isidentifier() and not x.startswith("_")
+
+
+def _result(msg: dict[str, Any], output_chars: int) -> ExecResult:
+    """Check the shape of a worker's 'done' message and build the ExecResult. Raises ProtocolError."""
+    obs, ok, timed_out = msg.get("observation"), msg.get("ok"), msg.get("timed_out")
+    calls, defined = msg.get("calls"), msg.get("defined")
+    if not (isinstance(obs, str) and isinstance(ok, bool) and isinstance(timed_out, bool)):
+        raise ProtocolError("malformed 'done' message")
+    if not (
+        isinstance(calls, list) and isinstance(defined, list) and all(isinstance(d, str) for d in defined)
+    ):
+        raise ProtocolError("malformed 'done' message")
+    records = tuple(_record(c) for c in calls)
+    cap = output_chars + 20_000  # printed output plus room for a traceback
+    if len(obs) > cap:
+        obs = obs[:cap] + "\n[observation truncated]\n"
+    obs = obs.encode("utf-8", "replace").decode("utf-8")  # lone surrogates cannot reach a tokenizer
+    return ExecResult(obs, ok=ok, timed_out=timed_out, calls=records, defined=tuple(defined))
+
+
+def _record(row: Any) -> CallRecord:
+    ok = isinstance(row, list) and len(row) == 4
+    if not (ok and isinstance(row[0], str) and isinstance(row[1], str) and _count(row[2]) and _count(row[3])):
+        raise ProtocolError("malformed call record")
+    return CallRecord(name=row[0], origin=row[1], calls=row[2], errors=row[3])
+
+
+def _count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0

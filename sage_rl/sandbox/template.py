@@ -1,0 +1,111 @@
+"""The template process: a warm, pre-imported interpreter that forks one worker per episode.
+
+Started by ``Sandbox`` as a fresh interpreter (never forked from the trainer, so no trainer memory,
+file or secret is inherited), with a clean environment, its own session (Ctrl-C in the trainer's
+terminal does not reach it) and a SOCK_SEQPACKET control socket. It enters a new network
+namespace once; each worker then applies the per-worker layers after fork.
+
+Control messages (JSON, one per packet):
+    parent -> template  {"op": "fork", "scratch": path}
+    template -> parent  {"op": "ready", "network": ..., "note": ...}
+                        {"op": "forked", "pid": n} + the parent's end of the worker socket (SCM_RIGHTS)
+                        {"op": "error", "error": text}
+"""
+
+from __future__ import annotations
+
+# Pre-imports: modules agent code commonly uses, loaded once here and shared copy-on-write.
+import ast  # noqa: F401
+import collections  # noqa: F401
+import contextlib
+import dataclasses  # noqa: F401
+import datetime  # noqa: F401
+import encodings.idna  # noqa: F401 - socket calls encode host names first; keep the guard's message first
+import functools  # noqa: F401
+import gc
+import itertools  # noqa: F401
+import json
+import math  # noqa: F401
+import os
+import random  # noqa: F401
+import re  # noqa: F401
+import signal
+import socket
+import statistics  # noqa: F401
+import string  # noqa: F401
+import sys
+import textwrap  # noqa: F401
+import typing  # noqa: F401
+
+from sage_rl.sandbox import isolation, seccomp_layer
+from sage_rl.sandbox.limits import SandboxLimits
+from sage_rl.sandbox.protocol import BlockingChannel
+from sage_rl.sandbox.worker import serve
+
+with contextlib.suppress(ImportError):
+    import pyseccomp  # noqa: F401 - loads libseccomp before fork
+
+
+def _redirect_stdio() -> None:
+    """Workers write nothing to the trainer's terminal: fds 0-2 go to /dev/null."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+
+
+def spawn_worker(
+    ctl: socket.socket, limits: SandboxLimits, scratch: str, network: str, readable: list[str]
+) -> tuple[int, socket.socket]:
+    """Fork one worker bound to ``scratch``; return its pid and the parent's end of its socket."""
+    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:
+        code = 71
+        try:
+            ctl.close()
+            parent_end.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            _redirect_stdio()
+            report = isolation.apply_worker_layers(limits, scratch, network, readable)
+            hello = {"op": "hello", "isolation": report.to_dict()}
+            serve(BlockingChannel(child_end), limits.message_bytes, limits.output_chars, hello)
+        finally:
+            os._exit(code)
+    child_end.close()
+    return pid, parent_end
+
+
+def main() -> None:
+    ctl = socket.socket(fileno=int(sys.argv[1]))
+    limits = SandboxLimits.model_validate_json(sys.argv[2])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps workers; the parent kills by pidfd
+    network, note = isolation.enter_network_namespace()
+    readable = isolation.readable_paths()
+    with contextlib.suppress(ImportError, OSError):
+        seccomp_layer.syscall_numbers()  # resolve once; every worker inherits the cache
+    gc.freeze()  # keep the pre-imported heap out of the collector so forks share its pages
+    ctl.send(json.dumps({"op": "ready", "network": network, "note": note}).encode())
+    while True:
+        try:
+            data = ctl.recv(65536)
+        except OSError:
+            break
+        if not data:
+            break
+        msg = json.loads(data)
+        if msg.get("op") != "fork":
+            break
+        try:
+            pid, end = spawn_worker(ctl, limits, str(msg["scratch"]), network, readable)
+        except OSError as e:
+            ctl.send(json.dumps({"op": "error", "error": f"fork failed: {e}"}).encode())
+            continue
+        socket.send_fds(ctl, [json.dumps({"op": "forked", "pid": pid}).encode()], [end.fileno()])
+        end.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,311 @@
+"""The worker side: runs agent cells in one namespace and bridges ``apis`` calls to the parent.
+
+Runs in a process forked from the template (template.py) after the isolation layers are applied.
+Nothing here is trusted by the parent: agent code can rewrite any of it. It exists to make the
+common case fast and the messages clear; the boundary is the process and the OS layers.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import linecache
+import os
+import resource
+import signal
+import sys
+import threading
+import traceback
+from typing import Any, NoReturn
+
+from sage_rl.sandbox.protocol import BlockingChannel, encode
+from sage_rl.sandbox.tracking import AGENT_PREFIXES, TRACK_NAME, CallTracker, compile_cell, defined_functions
+
+#: Frames of agent code shown at most in a traceback (the last ones; repeats are collapsed too).
+MAX_FRAMES = 30
+
+
+class ApiError(Exception):
+    """An app API call failed. ``str(e)`` is the API's own message."""
+
+
+class CellTimeout(BaseException):
+    """The cell ran out of time. A BaseException so that ``except Exception`` does not swallow it."""
+
+
+# Shown to the agent as plain "ApiError: ..." rather than with this module's dotted path.
+ApiError.__module__ = CellTimeout.__module__ = "builtins"
+
+
+class CappedOutput(io.TextIOBase):
+    """stdout and stderr of a cell: keeps the first ``limit`` characters and counts the rest."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.size, self.dropped = limit, 0, 0
+        self.parts: list[str] = []
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def encoding(self) -> str:
+        return "utf-8"
+
+    def write(self, s: str) -> int:
+        if not isinstance(s, str):
+            raise TypeError(f"write() argument must be str, not {type(s).__name__}")
+        room = self.limit - self.size
+        if room >= len(s):
+            self.parts.append(s)
+            self.size += len(s)
+        else:
+            if room > 0:
+                self.parts.append(s[:room])
+                self.size = self.limit
+            self.dropped += len(s) - max(room, 0)
+        return len(s)
+
+    def text(self) -> str:
+        out = "".join(self.parts)
+        if self.dropped:
+            out += (
+                f"\n[output truncated: {self.dropped} more characters not shown; "
+                f"the limit is {self.limit} characters per cell]\n"
+            )
+        return out
+
+
+class _CellState:
+    """Flags the signal handler reads; it runs in the main thread between bytecodes."""
+
+    def __init__(self) -> None:
+        self.in_cell = False
+        self.in_bridge = False
+        self.pending: str | None = None
+        self.fired: str | None = None
+        self.timeout_s = 0.0
+        self.cpu_s = 0
+
+
+class Bridge:
+    """Sends ``apis`` calls to the parent, one at a time across threads (``lock``)."""
+
+    def __init__(self, chan: BlockingChannel, state: _CellState, max_bytes: int) -> None:
+        self.chan, self.state, self.max_bytes = chan, state, max_bytes
+        self.lock = threading.Lock()
+        self.main_ident = threading.main_thread().ident
+
+    def call(self, app: str, api: str, kwargs: dict[str, Any]) -> Any:
+        where = f"apis.{app}.{api}"
+        try:
+            frame = encode({"op": "call", "app": app, "api": api, "kwargs": kwargs})
+        except (TypeError, ValueError) as e:
+            raise TypeError(
+                f"{where}: arguments must be JSON values (str, int, float, bool, None, list, dict): {e}"
+            ) from None
+        if len(frame) > self.max_bytes:
+            raise ValueError(f"{where}: arguments are too large ({len(frame)} bytes; limit {self.max_bytes})")
+        main = threading.get_ident() == self.main_ident
+        # A timeout signal arriving mid-exchange is deferred until the reply is read, so a frame
+        # is never half-read (see _on_limit_signal).
+        if main:
+            self.state.in_bridge = True
+        try:
+            with self.lock:
+                self.chan.sock.sendall(frame)
+                reply = self.chan.recv()
+        finally:
+            if main:
+                self.state.in_bridge = False
+        if main and self.state.pending is not None:
+            message, self.state.pending = self.state.pending, None
+            raise CellTimeout(message)
+        if reply.get("op") != "ret":
+            raise RuntimeError(f"{where}: unexpected reply from the environment")
+        if reply.get("ok"):
+            return reply.get("value")
+        raise ApiError(str(reply.get("error")))
+
+
+class _Api:
+    __slots__ = ("_bridge", "_app", "_api")
+
+    def __init__(self, bridge: Bridge, app: str, api: str) -> None:
+        self._bridge, self._app, self._api = bridge, app, api
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            raise TypeError(f"apis.{self._app}.{self._api} takes keyword arguments only, e.g. name=value")
+        return self._bridge.call(self._app, self._api, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<api apis.{self._app}.{self._api}>"
+
+
+class _App:
+    """``apis.<app>``: its ``<api>`` attributes are made on first use and then cached in the
+    instance dict, so later lookups skip ``__getattr__`` (the API round trip is the hot path)."""
+
+    def __init__(self, bridge: Bridge, app: str) -> None:
+        self.__dict__["_bridge"], self.__dict__["_app"] = bridge, app
+
+    def __getattr__(self, api: str) -> _Api:
+        if api.startswith("__"):
+            raise AttributeError(api)
+        proxy = self.__dict__[api] = _Api(self._bridge, self._app, api)
+        return proxy
+
+    def __repr__(self) -> str:
+        return f"<app apis.{self._app}>"
+
+
+class Apis:
+    """``apis.<app>.<api>(**kwargs)``: each call goes to the parent, which owns the world."""
+
+    def __init__(self, bridge: Bridge) -> None:
+        self.__dict__["_bridge"] = bridge
+
+    def __getattr__(self, app: str) -> _App:
+        if app.startswith("__"):
+            raise AttributeError(app)
+        proxy = self.__dict__[app] = _App(self._bridge, app)
+        return proxy
+
+    def __repr__(self) -> str:
+        return "<apis: call apis.<app>.<api>(**kwargs)>"
+
+
+def format_exception(exc: BaseException) -> str:
+    """A traceback trimmed to agent frames (``<cell-N>``, ``<skill:NAME>``) plus the exception line."""
+    if isinstance(exc, SystemExit):
+        return "SystemExit: exit() was ignored; the sandbox keeps the interpreter running.\n"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(AGENT_PREFIXES)]
+    parts: list[str] = []
+    if frames:
+        parts.append("Traceback (most recent call last):\n")
+        if len(frames) > MAX_FRAMES:
+            parts.append(f"  ... {len(frames) - MAX_FRAMES} earlier frames not shown ...\n")
+        parts += traceback.StackSummary.from_list(frames[-MAX_FRAMES:]).format()
+    parts += traceback.format_exception_only(type(exc), exc)
+    return "".join(parts)
+
+
+class Runtime:
+    """One episode's interpreter: the namespace, the bridge, the call tracker and the cell limits."""
+
+    def __init__(self, chan: BlockingChannel, max_bytes: int, output_chars: int) -> None:
+        self.chan, self.output_chars = chan, output_chars
+        self.state = _CellState()
+        self.bridge = Bridge(chan, self.state, max_bytes)
+        self.tracker = CallTracker()
+        self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+        self.namespace["apis"] = Apis(self.bridge)
+        self.namespace["ApiError"] = ApiError
+        signal.signal(signal.SIGALRM, self._on_limit_signal)
+        signal.signal(signal.SIGXCPU, self._on_limit_signal)
+        # Each call of an agent function runs two frames (the call-record wrapper and the function),
+        # so double Python's default to give agent code its usual recursion depth of about 1000.
+        sys.setrecursionlimit(2000)
+
+    def _on_limit_signal(self, signum: int, frame: Any) -> None:
+        if not self.state.in_cell:
+            return
+        if signum == signal.SIGXCPU:
+            message = f"used more than {self.state.cpu_s} CPU seconds (CPU time limit per cell)"
+        else:
+            message = f"timed out after {self.state.timeout_s:g} s (wall-clock time limit per cell)"
+        self.state.fired = message
+        if self.state.in_bridge:
+            self.state.pending = message
+            return
+        raise CellTimeout(message)
+
+    def run_cell(self, code: str, origin: str, timeout_s: float, cpu_s: int) -> dict[str, Any]:
+        out = CappedOutput(self.output_chars)
+        self.tracker.start_cell()
+        self.namespace[TRACK_NAME] = self.tracker.wrap
+        linecache.cache[origin] = (len(code), None, code.splitlines(True), origin)
+        saved = sys.stdout, sys.stderr
+        sys.stdout = sys.stderr = out
+        try:
+            ok, timed_out, error = self._exec(code, origin, timeout_s, cpu_s)
+        finally:
+            self._disarm()
+            sys.stdout, sys.stderr = saved
+        return {
+            "op": "done",
+            "ok": ok,
+            "timed_out": timed_out,
+            "observation": out.text() + error,
+            "calls": self.tracker.records(),
+            "defined": defined_functions(self.namespace, origin),
+        }
+
+    def _exec(self, code: str, origin: str, timeout_s: float, cpu_s: int) -> tuple[bool, bool, str]:
+        """(ok, timed_out, error text). The agent's error is formatted while the limits are still
+        armed, so an exception whose ``__str__`` hangs is timed out like any other code."""
+        try:
+            try:
+                compiled = compile_cell(code, origin)
+                self._arm(timeout_s, cpu_s)
+                try:
+                    exec(compiled, self.namespace)
+                except CellTimeout:
+                    raise
+                except BaseException as e:  # the agent's error, whatever it is, becomes its observation
+                    text = format_exception(e)
+                    if self.state.fired is not None:  # the limit hit while formatting (a slow __str__)
+                        return False, True, f"{text}CellTimeout: {self.state.fired}\n"
+                    return False, False, text
+                return True, False, ""
+            finally:
+                self._disarm()
+        except CellTimeout as e:
+            return False, True, format_exception(e)
+        except BaseException as e:  # compile errors, or an error raised while formatting
+            return False, False, format_exception(e)
+
+    def _arm(self, timeout_s: float, cpu_s: int) -> None:
+        self.state.timeout_s, self.state.cpu_s = timeout_s, cpu_s
+        self.state.pending = self.state.fired = None
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        soft = int(used.ru_utime + used.ru_stime) + cpu_s
+        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+        self.state.in_cell = True
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+
+    def _disarm(self) -> None:
+        self.state.in_cell = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def serve(chan: BlockingChannel, max_bytes: int, output_chars: int, hello: dict[str, Any]) -> NoReturn:
+    """The worker's loop. Never returns: exits when the parent closes the channel."""
+    code = 0
+    try:
+        rt = Runtime(chan, max_bytes, output_chars)
+        lock = rt.bridge.lock
+        # The main thread holds the bridge lock except while a cell runs, so an agent thread's API
+        # call between cells waits for the next cell instead of reading the parent's next command.
+        lock.acquire()
+        chan.send(hello)
+        while True:
+            msg = chan.recv()
+            if msg.get("op") != "exec":
+                break
+            lock.release()
+            try:
+                result = rt.run_cell(
+                    str(msg["code"]), str(msg["origin"]), float(msg["timeout"]), int(msg["cpu"])
+                )
+            finally:
+                lock.acquire()
+            chan.send(result)
+    except EOFError:
+        pass
+    except BaseException:
+        code = 70
+    os._exit(code)

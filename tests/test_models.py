@@ -1,0 +1,73 @@
+"""Model and tokenizer loading: tiny models are deterministic, caches round-trip exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sage_rl.models import ModelLoadError, load_model, save_plain, tiny_model
+
+torch.set_num_threads(1)
+
+
+def _params_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    return all(
+        torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    )
+
+
+def test_tiny_model_is_deterministic_per_seed_and_leaves_global_rng_alone(tiny):
+    model0, _ = tiny
+    state = torch.random.get_rng_state()
+    again, _ = tiny_model(seed=0)
+    other, _ = tiny_model(seed=1)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert _params_equal(model0, again)
+    assert not torch.equal(model0.lm_head.weight, other.lm_head.weight)
+
+
+def test_tiny_model_is_small_and_uses_smollm2_vocab_and_chat_template(tiny):
+    model, tok = tiny
+    assert model.config.num_hidden_layers == 2 and model.config.hidden_size == 64
+    assert model.config.vocab_size == len(tok) == 49152
+    assert sum(p.numel() for p in model.parameters()) < 5_000_000
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert tok.convert_ids_to_tokens([tok.eos_token_id]) == ["<|im_end|>"]
+
+
+def test_save_plain_then_load_model_gives_identical_logits(tiny, tmp_path):
+    model, tok = tiny
+    save_plain(model, tmp_path)
+    tok.save_pretrained(tmp_path)
+    loaded, loaded_tok = load_model(tmp_path)
+    ids = torch.tensor([tok.encode("def add(a, b):\n    return a + b")])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, loaded(ids).logits)
+    assert loaded_tok.encode("hello world") == tok.encode("hello world")
+    assert not loaded.training
+
+
+def test_load_model_names_a_missing_path(tmp_path):
+    with pytest.raises(ModelLoadError, match="nope"):
+        load_model(tmp_path / "nope")
+    with pytest.raises(ModelLoadError, match=r"missing\.gguf"):
+        load_model(tmp_path / "missing.gguf")
+
+
+@pytest.mark.slow
+def test_embedded_smollm2_cache_matches_the_gguf_exactly():
+    from transformers import AutoModelForCausalLM
+
+    from sage_rl.models import smollm2_gguf_path
+
+    model, tok = load_model()  # cached safetensors (built on first use)
+    gguf = smollm2_gguf_path()
+    direct = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    ids = torch.tensor([tok.encode("print('hello')")])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, direct.eval()(ids).logits)
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(134.5e6, rel=0.01)

@@ -1,0 +1,78 @@
+"""Shared helpers for the sandbox tests: a fake world owned by the test process, and a runner.
+
+The fake world is a dict in the parent (the "trainer"); the score is computed in the parent from
+it. Hostile cells try to change it by any route but the public API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from sage_rl.sandbox import Sandbox, SandboxLimits
+from sage_rl.types import ExecResult
+
+TEST_LIMITS = SandboxLimits(
+    wall_timeout_s=1.0,
+    kill_grace_s=2.0,  # generous: the tests run on a loaded, shared machine
+    cpu_seconds=5,
+    address_space_bytes=512 << 20,
+    output_chars=2000,
+    file_size_bytes=1 << 20,
+    api_calls_per_cell=50,
+)
+
+
+class WorldError(Exception):
+    """Like PocketWorld's ApiError: the message is what the agent should read."""
+
+
+@dataclass
+class FakeWorld:
+    balance: int = 100
+    completed: bool = False
+    log: list[tuple[str, str]] = field(default_factory=list)
+    secret_answer: str = "the-hidden-answer-7c1f"
+
+    def dispatch(self, app: str, api: str, kwargs: dict[str, Any]) -> Any:
+        self.log.append((app, api))
+        if (app, api) == ("bank", "balance"):
+            return self.balance
+        if (app, api) == ("bank", "deposit"):
+            amount = kwargs.get("amount")
+            if not isinstance(amount, int) or amount <= 0:
+                raise WorldError(f"422: amount must be a positive integer, got {amount!r}")
+            self.balance += amount
+            return {"balance": self.balance}
+        if (app, api) == ("supervisor", "complete_task"):
+            self.completed = True
+            return None
+        raise WorldError(f"404: no API named {app}.{api}")
+
+    def score(self) -> float:
+        """The evaluation, in the parent: success iff exactly 50 was deposited and the task completed."""
+        return 1.0 if self.balance == 150 and self.completed else 0.0
+
+
+def run(sandbox: Sandbox, cells: list[str], world: FakeWorld | None = None) -> list[ExecResult]:
+    """Execute ``cells`` in order in one fresh session (cell i has origin <cell-i>)."""
+
+    async def go() -> list[ExecResult]:
+        session = await sandbox.acquire((world or FakeWorld()).dispatch)
+        try:
+            return [await session.execute(code, f"<cell-{i}>") for i, code in enumerate(cells)]
+        finally:
+            await session.close()
+
+    return asyncio.run(go())
+
+
+def assert_trainer_unharmed(sandbox: Sandbox, world: FakeWorld, trainer_pid: int) -> None:
+    """The trainer process is alive and unchanged, the world untouched, and the sandbox still serves."""
+    assert os.getpid() == trainer_pid
+    assert world.balance == 100 and not world.completed
+    assert world.score() == 0.0
+    fresh = run(sandbox, ["print(6 * 7)"])
+    assert fresh[0].ok and fresh[0].observation == "42\n"
