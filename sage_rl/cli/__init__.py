@@ -10,6 +10,13 @@ import typer
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="SAGE: RL for self-improving agents with a skill library.")
 
+
+
+@app.callback()
+def _root() -> None:
+    """SAGE: RL for self-improving agents with a skill library."""
+
+
 #: command group -> module exposing ``app`` (a typer.Typer)
 _GROUPS = {
     "world": ("sage_rl.cli.world", "PocketWorld: list, show, run and verify tasks."),

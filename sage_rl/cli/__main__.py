@@ -1,0 +1,3 @@
+from sage_rl.cli import main
+
+main()

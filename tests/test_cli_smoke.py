@@ -1,0 +1,83 @@
+"""Subprocess smoke tests of the commands a user runs first (STYLE.md, test tier 2), with a tiny
+model saved to a folder: two training steps, a small evaluation, and clean config errors."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sage_rl.build import RunConfig
+from sage_rl.cli.eval import EvalConfig
+from sage_rl.config import load_config
+from sage_rl.train.loop import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "sage_rl.cli"]
+
+
+def _cli(*args, cwd=ROOT, timeout=600):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tiny):
+    from sage_rl.models import save_plain
+
+    model, tok = tiny
+    d = tmp_path_factory.mktemp("tiny_model")
+    save_plain(model, d)
+    tok.save_pretrained(d)
+    return d
+
+
+SMALL = ["agent.max_steps=2", "agent.max_tokens_per_turn=12", "agent.context_limit=4096"]
+
+
+def test_train_two_steps_writes_checkpoints_metrics_and_report(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    r = _cli("train", "configs/quickstart.yaml", f"policy.model={tiny_dir}", "steps=2", "rollout.group_size=2",
+             "eval.scenarios=1", f"out_dir={out}", "init_from=null", *SMALL, "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and summary["before"] is not None and summary["after"] is not None
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [0, 1, 2]  # before-eval row, then one row per step
+    assert {"reward", "success", "grad_norm", "entropy", "time/rollout_s"} <= set(rows[1])
+    assert (out / "checkpoints" / "step_000002" / "model" / "config.json").is_file()
+    assert (out / "report.md").is_file() and (out / "rollouts" / "step_000002.jsonl").is_file()
+    # a fresh start into a used run folder is refused (no silent mixing of two runs)
+    r2 = _cli("train", f"policy.model={tiny_dir}", f"out_dir={out}", *SMALL)
+    assert r2.returncode == 2 and "--resume" in r2.stderr
+
+
+def test_eval_writes_the_run_folder(tiny_dir, tmp_path):
+    out = tmp_path / "eval"
+    r = _cli("eval", f"policy.model={tiny_dir}", "limit_scenarios=1", f"out_dir={out}", *SMALL, "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = json.loads(r.stdout.strip().splitlines()[-1])["same_scenario"]
+    assert metrics["tasks"] == 3 and metrics["scenarios"] == 1
+    for f in ("config.yaml", "metrics.json", "report.md", "by_position.png", "trajectories.same_scenario.jsonl"):
+        assert (out / f).is_file(), f
+    assert "TGC" in (out / "report.md").read_text()
+
+
+def test_bad_config_fails_at_start_naming_the_field(tmp_path):
+    r = _cli("eval", "agent.max_stepz=3")
+    assert r.returncode == 2 and "agent.max_stepz" in r.stderr and "unknown key" in r.stderr
+    r = _cli("train", "rollout.group_size=many")
+    assert r.returncode == 2 and "rollout.group_size" in r.stderr
+    r = _cli("eval", "strategies=[telepathy]", "policy.kind=scripted")
+    assert r.returncode == 2 and "telepathy" in r.stderr
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").rglob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_validates(path):
+    model = {"eval.yaml": EvalConfig}.get(path.name, TrainConfig)
+    if path.name.startswith(("appworld", "sft", "collect")):
+        pytest.skip(f"{path.name} is validated by its own command's tests")
+    cfg = load_config(model, path)
+    assert isinstance(cfg, RunConfig)
