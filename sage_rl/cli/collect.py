@@ -1,0 +1,151 @@
+"""``sage-rl collect [CONFIG] [key=value ...]``: expert trajectories by rejection sampling (issue 7)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from sage_rl.build import build_policy, build_suite
+from sage_rl.cli.common import err, fail, load_or_exit, progress
+from sage_rl.collect import REASONS, CollectConfig, collect, count_jobs, summarize
+from sage_rl.collect_store import CollectStore, StoreError
+from sage_rl.config import dump_config
+from sage_rl.data.export import ExportError, export_hf, export_sharegpt
+from sage_rl.policies.base import Policy
+
+#: What each drop reason means, for the summary table (docs/collect.md).
+_MEANING = {
+    "scenario_rejected": "its scenario's first N tasks did not all succeed",
+    "no_code": "the trajectory has no code",
+    "task_failed": "a later task of a kept scenario failed",
+    "duplicate": "the same conversation is already in the dataset",
+}
+
+
+def main(
+    ctx: typer.Context,
+    config: str = typer.Argument(None, help="YAML config (default: configs/collect.yaml)"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as one JSON object on stdout"),
+) -> None:
+    """Run an expert over a split, scenario by scenario, and keep what passes (overrides: key.sub=value)."""
+    cfg = load_or_exit(CollectConfig, config, ctx.args, default="configs/collect.yaml")
+    try:
+        suite = build_suite(cfg)
+        total = count_jobs(cfg, suite)
+    except Exception as e:  # a missing split or too few scenarios is a one-line user error
+        raise fail(str(e)) from None
+    out = Path(cfg.out_dir)
+    try:
+        store = CollectStore(out, cfg.name, cfg.identity(), resume=cfg.resume)
+    except StoreError as e:
+        raise fail(str(e), 2) from None
+    (out / "config.yaml").write_text(dump_config(cfg))
+    _announce(cfg, store, total)
+    policy = _policy(cfg)
+    t0 = time.perf_counter()
+    try:
+        _run(cfg, policy, suite, store, total)
+    except Exception as e:  # an environment or backend failure: what is committed stays committed
+        raise fail(
+            f"collection stopped by {type(e).__name__}: {e}; {len(store.records)} of {total} jobs are saved "
+            f"in {out}; run the same command again to resume"
+        ) from None
+    except KeyboardInterrupt:
+        raise fail(
+            f"interrupted: {len(store.records)} of {total} jobs are saved in {out}; "
+            "run the same command again to resume",
+            130,
+        ) from None
+    summary = _finish(cfg, store, time.perf_counter() - t0)
+    _print_summary(summary)
+    err.print(f"dataset: {store.dataset}")
+    if as_json:
+        typer.echo(json.dumps(summary))
+
+
+def _policy(cfg: CollectConfig) -> Policy:
+    if cfg.policy.kind == "scripted":
+        from sage_rl.policies.scripted import ScriptedExpert
+
+        return ScriptedExpert(seed=cfg.policy.expert_seed, fail_rate=cfg.scripted_fail_rate)
+    if cfg.scripted_fail_rate:
+        raise fail("scripted_fail_rate applies only to policy.kind=scripted", 2)
+    return build_policy(cfg)
+
+
+def _announce(cfg: CollectConfig, store: CollectStore, total: int) -> None:
+    done = len(store.done)
+    if done:
+        err.print(f"resuming {cfg.out_dir}: {done} of {total} jobs already done")
+    if store.dropped_bytes:
+        err.print(
+            f"recovered: cut {store.dropped_bytes} bytes of uncommitted examples off {store.dataset.name}"
+        )
+    if cfg.policy.kind == "scripted" and len(cfg.temperatures) > 1:
+        err.print("note: the scripted expert ignores the temperature; more temperatures only add duplicates")
+
+
+def _run(cfg: CollectConfig, policy: Policy, suite, store: CollectStore, total: int) -> None:
+    with progress() as bar:
+        job = bar.add_task("scenarios", total=total, completed=len(store.done))
+
+        def done(_record) -> None:
+            kept = sum(r.examples for r in store.records)
+            bar.update(job, advance=1, description=f"scenarios ({kept} examples kept)")
+
+        asyncio.run(collect(cfg, policy, suite, store, done))
+
+
+def _finish(cfg: CollectConfig, store: CollectStore, wall_s: float) -> dict[str, Any]:
+    """Write the optional exports and summary.json; returns the summary."""
+    files = {"jsonl": str(store.dataset), "ledger": str(store.ledger)}
+    examples = store.examples() if set(cfg.formats) - {"jsonl"} else []
+    try:
+        if "hf" in cfg.formats:
+            import datasets
+
+            datasets.disable_progress_bars()  # our own progress and summary are on stderr already
+            files["hf"] = str(export_hf(examples, store.folder / "hf"))
+        if "sharegpt" in cfg.formats:
+            files["sharegpt"] = str(
+                export_sharegpt(examples, store.folder / "llamafactory", cfg.name, cfg.sharegpt_mode)
+            )
+    except ExportError as e:
+        raise fail(
+            f"{e} (the JSON Lines dataset is complete: rerun with sharegpt_mode=last, nothing is collected again)"
+        ) from None
+    summary = {
+        "policy": cfg.policy.kind,
+        "split": cfg.split,
+        "temperatures": cfg.temperatures,
+        "keep_first_n": cfg.keep_first_n,
+        **summarize(store.records),
+        "files": files,
+        "wall_s": round(wall_s, 3),
+    }
+    (store.folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    sc, tasks = s["scenarios"], s["tasks"]
+    err.print(
+        f"scenarios: {sc['run']} run, {sc['accepted']} passed the first-{s['keep_first_n']} screen, "
+        f"{sc['kept']} gave examples; tasks: {tasks['run']} run, {tasks['kept']} kept "
+        f"({s['examples']} examples)"
+    )
+    table = Table(title="dropped tasks, by reason")
+    table.add_column("reason")
+    table.add_column("tasks", justify="right")
+    table.add_column("meaning")
+    for reason in REASONS:
+        table.add_row(reason, str(tasks["dropped"][reason]), _MEANING[reason])
+    err.print(table)
+    rates = ", ".join(f"task {p}: {r:.0%}" for p, r in s["success_by_position"].items())
+    err.print(f"expert success before rejection: {rates}")
