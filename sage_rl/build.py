@@ -58,6 +58,7 @@ class RunConfig(Section):
     agent: AgentConfig = AgentConfig(max_steps=10, max_tokens_per_turn=384, context_limit=8192)
     skills: SkillsConfig = SkillsConfig()
     sandbox: SandboxLimits = SandboxLimits()  # limits for agent code (docs/sandbox.md)
+    worked_example: bool = True  # show a solved train task in the prompt
     seed: int = 0
 
 
@@ -103,11 +104,15 @@ def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
 def worked_example(suite: Suite) -> WorkedExample | None:
     """A solved train task for the prompt (never from an evaluation split)."""
     example = getattr(suite, "worked_example", None)
-    return example() if callable(example) else None
+    if not callable(example):
+        return None
+    instruction, steps = example()
+    return WorkedExample(instruction, tuple(steps))
 
 
 def build_runner(cfg: RunConfig, policy: Policy, suite: Suite, step: int = 0) -> ChainRunner:
-    prompts = PromptBuilder(use_skills=cfg.skills.use_skills, max_steps=cfg.agent.max_steps, example=worked_example(suite))
+    example = worked_example(suite) if cfg.worked_example else None
+    prompts = PromptBuilder(use_skills=cfg.skills.use_skills, max_steps=cfg.agent.max_steps, example=example)
     return ChainRunner(
         policy=policy, suite=suite, prompts=prompts, agent=cfg.agent, skills=cfg.skills,
         params=cfg.sampling.params(cfg.agent.max_tokens_per_turn), retriever=make_retriever(cfg.skills.retrieval), step=step,

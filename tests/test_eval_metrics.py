@@ -6,19 +6,45 @@ from sage_rl.types import Chain, CheckResult, Outcome, StopReason, Task, Traject
 
 def _t(scn, pos, success, used=(), saved=(), code=True, difficulty=1, ntok=10, steps=2, lib_in=()):
     task = Task(f"{scn}_{pos}", scn, pos, "x", "dev", difficulty=difficulty)
-    turns = tuple(Turn(tuple(range(ntok // steps)), (0.0,) * (ntok // steps), "t", "c" if code else None, "o") for _ in range(steps))
+    turns = tuple(
+        Turn(tuple(range(ntok // steps)), (0.0,) * (ntok // steps), "t", "c" if code else None, "o")
+        for _ in range(steps)
+    )
     checks = (CheckResult("a", True), CheckResult("b", success))
     stop = StopReason.COMPLETED if success else StopReason.STEP_LIMIT
-    return Trajectory(task, (), turns, Outcome.from_checks(checks), stop, library_in=lib_in, skills_saved=saved, skills_used=used)
+    return Trajectory(
+        task,
+        (),
+        turns,
+        Outcome.from_checks(checks),
+        stop,
+        library_in=lib_in,
+        skills_saved=saved,
+        skills_used=used,
+    )
 
 
 def test_hand_worked_metrics():
     # Scenario A: all 3 succeed, tasks 2 and 3 use skill f made by task 1.
-    a = Chain(0, 0, (_t("A", 1, True, saved=("f",)), _t("A", 2, True, used=("f",), lib_in=("f",)),
-                     _t("A", 3, True, used=("f",), lib_in=("f",), saved=("g",))))
+    a = Chain(
+        0,
+        0,
+        (
+            _t("A", 1, True, saved=("f",)),
+            _t("A", 2, True, used=("f",), lib_in=("f",)),
+            _t("A", 3, True, used=("f",), lib_in=("f",), saved=("g",)),
+        ),
+    )
     # Scenario B: task 2 fails, no code at all in task 3, difficulty 2.
-    b = Chain(1, 0, (_t("B", 1, True, difficulty=2), _t("B", 2, False, difficulty=2, ntok=20),
-                     _t("B", 3, False, code=False, difficulty=2)))
+    b = Chain(
+        1,
+        0,
+        (
+            _t("B", 1, True, difficulty=2),
+            _t("B", 2, False, difficulty=2, ntok=20),
+            _t("B", 3, False, code=False, difficulty=2),
+        ),
+    )
     m = compute_metrics([a, b])
     assert m.tasks == 6 and m.scenarios == 2
     assert m.tgc == pytest.approx(100 * 4 / 6)

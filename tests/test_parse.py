@@ -18,7 +18,7 @@ def test_unclosed_fence_takes_the_rest():
 
 
 def test_non_python_fences_are_ignored():
-    r = parse_reply("```json\n{\"a\": 1}\n```\n```python\nprint(1)\n```")
+    r = parse_reply('```json\n{"a": 1}\n```\n```python\nprint(1)\n```')
     assert r.code == "print(1)"
 
 

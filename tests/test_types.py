@@ -1,15 +1,32 @@
 import json
 
 from sage_rl.types import (
-    CallRecord, Chain, CheckResult, ExecResult, Outcome, StopReason, Task, Trajectory, Turn, dumps,
+    CallRecord,
+    Chain,
+    CheckResult,
+    ExecResult,
+    Outcome,
+    StopReason,
+    Task,
+    Trajectory,
+    Turn,
+    dumps,
 )
 
 
 def _traj() -> Trajectory:
     task = Task("s1_1", "s1", 1, "Do it.", "dev", apps=("music",), spec={"seed": 3})
     turns = (
-        Turn((5, 6), (-0.1, -0.2), "```python\nf()\n```", "f()", "ok", obs_ids=(7, 8, 9),
-             calls=(CallRecord("f", "<skill:f>", 1, 0),), defined=()),
+        Turn(
+            (5, 6),
+            (-0.1, -0.2),
+            "```python\nf()\n```",
+            "f()",
+            "ok",
+            obs_ids=(7, 8, 9),
+            calls=(CallRecord("f", "<skill:f>", 1, 0),),
+            defined=(),
+        ),
         Turn((10,), (-0.3,), "done", None, "no code", obs_ids=(11,), exec_ok=False, calls=None, defined=None),
     )
     outcome = Outcome.from_checks((CheckResult("a", True), CheckResult("b", False)))

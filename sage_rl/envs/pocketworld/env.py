@@ -94,5 +94,16 @@ class PocketWorldSuite:
     def sample_chain(self, rng: random.Random, length: int, split: str = "train") -> tuple[Task, ...]:
         return tasks.sample_chain(rng, length, split)
 
+    def worked_example(self, template: str = "phone_count_relationship") -> tuple[str, tuple[str, ...]]:
+        """(instruction, code cells) of a solved *train* task, for the prompt's worked example.
+
+        Only train templates qualify: an example from an evaluation split would leak its solution.
+        """
+        tpl = tasks.BY_NAME[template]
+        if tpl.split != "train":
+            raise ValueError(f"worked examples must come from a train template, not {tpl.split!r} ({template})")
+        task = tasks.scenario_tasks(tpl, 1, 1)[0]
+        return task.instruction, (tasks.reference_solution(task),)
+
     async def open(self) -> PocketWorldEnv:
         return PocketWorldEnv(self._factory)
