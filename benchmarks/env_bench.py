@@ -3,9 +3,11 @@
 Prints one JSON object (seconds, plus milliseconds for reading). Run:
     .venv/bin/python benchmarks/env_bench.py [--repeats N]
 
-The AppWorld comparison (issue 2: the same figures on a synthetic AppWorld world, as a ratio) is
-owned by the AppWorld integration; it needs ``appworld`` in its own virtual environment, so this
-script leaves ``"appworld": null`` with the reason until that hook is filled.
+PocketWorld is measured twice: through the sandbox (the default executor: a forked worker per
+episode, API calls over a socket) and in-process. Where the AppWorld virtualenv exists
+(``scripts/setup_appworld.sh``), the same figures are measured on a synthetic AppWorld world through
+sage-rl's AppWorld environment, and ``ratio_appworld_over_pocketworld`` divides AppWorld's medians by
+the sandboxed PocketWorld's (target: >= 10 for reset and cell overhead). ``--no-appworld`` skips it.
 """
 
 from __future__ import annotations
@@ -42,13 +44,8 @@ def _cell(n_calls: int) -> str:
     return f"for i in range({n_calls}):\n    apis.music.show_song(access_token=token, song_id=1 + i % 60)\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=50)
-    n = parser.parse_args().repeats
+def _measure(env: PocketWorldEnv, n: int) -> dict[str, list[float]]:
     task = tasks.task_by_id(TASK_ID)
-    env = PocketWorldEnv()
-    out: dict[str, object] = {"task": TASK_ID, "repeats": n}
     timings = {"world_build": _times(lambda: build_world(int(task.spec["seed"])), n)}
     timings["task_reset"] = _times(lambda: env.reset_sync(task), n)
     env.execute_sync(LOGIN, "<cell-0>")
@@ -57,16 +54,49 @@ def main() -> None:
     env.reset_sync(task)
     env.execute_sync(tasks.reference_solution(task), "<cell-1>")
     timings["evaluate"] = _times(env.evaluate_sync, n)
-    for name, ts in timings.items():
-        out[f"{name}_s"] = statistics.median(ts)
+    return timings
+
+
+def _summary(timings: dict[str, list[float]]) -> dict[str, object]:
+    out: dict[str, object] = {f"{name}_s": statistics.median(ts) for name, ts in timings.items()}
     out["ms"] = {name: round(statistics.median(ts) * 1000, 3) for name, ts in timings.items()}
     # the dev machine is shared: the best run shows the cost without other processes' noise
     out["ms_best"] = {name: round(min(ts) * 1000, 3) for name, ts in timings.items()}
-    out["appworld"] = None
-    out["appworld_reason"] = (
-        "AppWorld runs in its own venv/process (sage_rl.integrations.appworld); its figures and the ratio "
-        "are to be filled by that integration's benchmark hook"
-    )
+    return out
+
+
+def _appworld(repeats: int) -> tuple[dict | None, str]:
+    try:
+        from sage_rl.integrations.appworld.bench import run_bench
+
+        return run_bench(repeats=repeats), ""
+    except Exception as e:  # no venv here, or AppWorld failed: say why instead of a number
+        return None, f"{type(e).__name__}: {e}"
+
+
+#: AppWorld's bench keys -> ours
+_AW_KEYS = {"reset_s": "task_reset_s", "execute_0_calls_s": "cell_0_calls_s", "execute_10_calls_s": "cell_10_calls_s",
+            "execute_100_calls_s": "cell_100_calls_s", "evaluate_s": "evaluate_s"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--appworld-repeats", type=int, default=5)
+    parser.add_argument("--no-appworld", action="store_true")
+    args = parser.parse_args()
+    from sage_rl.envs.pocketworld.sandboxed import executor_factory
+
+    out: dict[str, object] = {"task": TASK_ID, "repeats": args.repeats}
+    sandboxed = _summary(_measure(PocketWorldEnv(executor_factory()), args.repeats))
+    out["pocketworld_sandbox"] = sandboxed
+    out["pocketworld_in_process"] = _summary(_measure(PocketWorldEnv(), args.repeats))
+    aw, why = (None, "skipped (--no-appworld)") if args.no_appworld else _appworld(args.appworld_repeats)
+    out["appworld"], out["appworld_reason"] = aw, why
+    if aw is not None:
+        out["ratio_appworld_over_pocketworld"] = {
+            ours: round(aw[theirs] / sandboxed[ours], 1) for theirs, ours in _AW_KEYS.items() if sandboxed.get(ours)
+        }
     print(json.dumps(out, sort_keys=True))
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from sage_rl.agent.prompts import PromptBuilder, WorkedExample
+from sage_rl.agent.prompts import DEFAULT_TEMPLATES, PromptBuilder, WorkedExample
 from sage_rl.config import Section
 from sage_rl.envs.base import Suite
+from sage_rl.integrations.appworld.config import AppWorldEnvConfig
 from sage_rl.policies.base import Policy, SamplingParams
 from sage_rl.rollout.chain import ChainRunner, SkillsConfig
 from sage_rl.rollout.episode import AgentConfig
@@ -53,6 +54,7 @@ class RunConfig(Section):
 
     env: Literal["pocketworld", "appworld"] = "pocketworld"
     pocketworld: PocketWorldConfig = PocketWorldConfig()
+    appworld: AppWorldEnvConfig = AppWorldEnvConfig()
     policy: PolicyConfig = PolicyConfig()
     sampling: SamplingConfig = SamplingConfig()
     agent: AgentConfig = AgentConfig(max_steps=10, max_tokens_per_turn=384, context_limit=8192)
@@ -66,7 +68,7 @@ def build_suite(cfg: RunConfig) -> Suite:
     if cfg.env == "appworld":
         from sage_rl.integrations.appworld.env import AppWorldSuite
 
-        return AppWorldSuite()
+        return AppWorldSuite(cfg.appworld)
     from sage_rl.envs.pocketworld.env import PocketWorldSuite
 
     if not cfg.pocketworld.sandbox:
@@ -112,7 +114,9 @@ def worked_example(suite: Suite) -> WorkedExample | None:
 
 def build_runner(cfg: RunConfig, policy: Policy, suite: Suite, step: int = 0) -> ChainRunner:
     example = worked_example(suite) if cfg.worked_example else None
-    prompts = PromptBuilder(use_skills=cfg.skills.use_skills, max_steps=cfg.agent.max_steps, example=example)
+    template_dir = getattr(suite, "prompt_dir", DEFAULT_TEMPLATES)  # AppWorld brings its own templates
+    prompts = PromptBuilder(use_skills=cfg.skills.use_skills, max_steps=cfg.agent.max_steps, example=example,
+                            template_dir=template_dir)
     return ChainRunner(
         policy=policy, suite=suite, prompts=prompts, agent=cfg.agent, skills=cfg.skills,
         params=cfg.sampling.params(cfg.agent.max_tokens_per_turn), retriever=make_retriever(cfg.skills.retrieval), step=step,

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sage_rl.config import ConfigError, load_config
 
 M = TypeVar("M", bound=BaseModel)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 def split_args(config: str | None, extra: Sequence[str]) -> tuple[str | None, list[str]]:
