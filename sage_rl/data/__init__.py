@@ -1,0 +1,1 @@
+"""Datasets for supervised fine-tuning: chat records with provenance, and their export formats."""

@@ -1,0 +1,295 @@
+"""Supervised fine-tuning on expert chat examples: the warm start of SAGE (SAGE.md section 7).
+
+A plain PyTorch loop, read top to bottom in ``train_sft``:
+
+    encode (renderer ids + loss mask) -> hold out whole scenarios -> rows (padded or packed)
+    -> for each optimizer step: grad_accum micro-batches, loss = sum of token NLLs / trained tokens
+       in the step -> clip -> AdamW -> log (JSON Lines + TensorBoard) -> eval loss now and then
+    -> save a Hugging Face checkpoint (merged if LoRA) + tokenizer
+
+Normalising by the trained tokens of the whole optimizer step (not per micro-batch) makes padding
+and packing compute the same gradient for the same examples.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from sage_rl.config import dump_config
+from sage_rl.data.records import ChatExample, DatasetError
+from sage_rl.train.sft_config import SFTConfig, SFTLora
+from sage_rl.train.sft_data import (
+    Batch,
+    Conversation,
+    Encoded,
+    collate,
+    encode_example,
+    fit_length,
+    make_rows,
+    nll_sum,
+    split_by_scenario,
+)
+
+
+@dataclass(frozen=True)
+class SFTResult:
+    """What a run did. Losses are mean NLL per trained token."""
+
+    checkpoint: str
+    steps: int
+    train_examples: int
+    eval_examples: int
+    trained_tokens_per_epoch: int
+    truncated: int
+    first_loss: float
+    last_loss: float
+    eval_loss_before: float | None
+    eval_loss_after: float | None
+    wall_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    train: list[Encoded]
+    eval: list[Encoded]
+    truncated: int
+
+
+def prepare(examples: Sequence[ChatExample], conversation: Conversation, cfg: SFTConfig) -> Prepared:
+    """Encode, hold out eval scenarios, truncate to ``data.max_length``."""
+    if not examples:
+        raise DatasetError(f"no examples in {cfg.data.path}")
+    train_ex, eval_ex = split_by_scenario(examples, cfg.data.eval_fraction, cfg.optim.seed)
+    train, t1 = fit_length([encode_example(conversation, ex) for ex in train_ex], cfg.data.max_length)
+    evals, t2 = fit_length([encode_example(conversation, ex) for ex in eval_ex], cfg.data.max_length)
+    if not train:
+        raise DatasetError("no training example has a trained token left after truncation")
+    return Prepared(train, evals, t1 + t2)
+
+
+def micro_batches(encoded: Sequence[Encoded], cfg: SFTConfig, pad_id: int) -> Iterator[tuple[float, Batch]]:
+    """Endless (epoch, batch) stream; rows are reshuffled each epoch with seed ``optim.seed + epoch``."""
+    rows = make_rows(encoded, cfg.optim.packing, cfg.data.max_length)
+    bs = cfg.optim.batch_size
+    epoch = 0
+    while True:
+        order = list(range(len(rows)))
+        random.Random(cfg.optim.seed + epoch).shuffle(order)
+        chunks = [order[i : i + bs] for i in range(0, len(order), bs)]
+        for n, chunk in enumerate(chunks):
+            yield epoch + (n + 1) / len(chunks), collate([rows[i] for i in chunk], pad_id)
+        epoch += 1
+
+
+def num_steps(n_rows: int, cfg: SFTConfig) -> int:
+    """Optimizer steps: ``epochs`` passes of ``ceil(rows / batch_size)`` micro-batches, capped by max_steps."""
+    per_epoch = math.ceil(n_rows / cfg.optim.batch_size) / cfg.optim.grad_accum
+    steps = max(1, math.ceil(per_epoch * cfg.optim.epochs))
+    return min(steps, cfg.optim.max_steps) if cfg.optim.max_steps else steps
+
+
+def forward_loss_sum(model: Any, batch: Batch) -> torch.Tensor:
+    """Sum of the trained tokens' NLL. Only the logits that predict a trained token are computed
+    (``logits_to_keep``): with a 49k vocabulary they dominate memory otherwise."""
+    keep_K = batch.loss_positions_K
+    out = model(
+        input_ids=batch.input_ids_BT,
+        attention_mask=batch.attn_B1TT,
+        position_ids=batch.position_ids_BT,
+        logits_to_keep=keep_K,
+    )
+    return nll_sum(out.logits, batch.labels_BT[:, keep_K + 1])
+
+
+@torch.no_grad()
+def eval_loss(model: Any, encoded: Sequence[Encoded], cfg: SFTConfig, pad_id: int) -> float | None:
+    """Mean NLL per trained token over ``encoded`` (None when empty)."""
+    if not encoded:
+        return None
+    was_training = model.training
+    model.eval()
+    rows = make_rows(encoded, cfg.optim.packing, cfg.data.max_length)
+    total, tokens = 0.0, 0
+    for i in range(0, len(rows), cfg.optim.batch_size):
+        batch = collate(rows[i : i + cfg.optim.batch_size], pad_id)
+        total += float(forward_loss_sum(model, batch))
+        tokens += batch.num_trained
+    model.train(was_training)
+    return total / max(tokens, 1)
+
+
+def with_lora(model: Any, lora: SFTLora) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def lr_at(step: int, total: int, cfg: SFTConfig) -> float:
+    """Linear warmup over ``warmup_steps``, then constant or cosine decay to 0 at ``total``."""
+    o = cfg.optim
+    if step < o.warmup_steps:
+        return o.lr * (step + 1) / o.warmup_steps
+    if o.schedule == "constant":
+        return o.lr
+    progress = (step - o.warmup_steps) / max(1, total - o.warmup_steps)
+    return o.lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class MetricsLog:
+    """One JSON object per line in ``metrics.jsonl``, and the same scalars in TensorBoard."""
+
+    def __init__(self, folder: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.file = (folder / "metrics.jsonl").open("w", encoding="utf-8")
+        self.tb = SummaryWriter(str(folder / "tb"))
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        self.file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.file.flush()
+        for k, v in metrics.items():
+            self.tb.add_scalar(f"sft/{k}", v, step)
+
+    def close(self) -> None:
+        self.file.close()
+        self.tb.close()
+
+
+def save_checkpoint(model: Any, tokenizer: Any, folder: Path, lora: SFTLora) -> tuple[Any, Path]:
+    """Save a Hugging Face checkpoint + tokenizer; returns (the model saved, its folder).
+
+    Full fine-tuning: ``<folder>/final``. LoRA: the adapter in ``<folder>/adapter``, and when
+    ``lora.merge`` the merged weights in ``<folder>/final`` (what vLLM and ``load_model`` read).
+    """
+    if lora.enabled:
+        model.save_pretrained(str(folder / "adapter"))
+        tokenizer.save_pretrained(str(folder / "adapter"))
+        if not lora.merge:
+            return model, folder / "adapter"
+        model = model.merge_and_unload()
+    model.save_pretrained(str(folder / "final"))
+    tokenizer.save_pretrained(str(folder / "final"))
+    return model, folder / "final"
+
+
+def progress_bar(enabled: bool) -> Progress:
+    """A rich progress bar on stderr, so stdout stays free for ``--json``."""
+    from rich.console import Console
+
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TimeRemainingColumn(), console=Console(stderr=True), disable=not enabled,
+    )  # fmt: skip
+
+
+def train_sft(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[ChatExample],
+    cfg: SFTConfig,
+    conversation: Conversation,
+    show_progress: bool = True,
+) -> tuple[Any, SFTResult]:
+    """Fine-tune ``model`` in place on the trained tokens of ``examples`` and save a checkpoint.
+
+    Returns the trained model (the merged model when LoRA is merged) and the result.
+    """
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.optim.seed)
+    out_dir = Path(cfg.output.dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
+    data = prepare(examples, conversation, cfg)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if cfg.lora.enabled:
+        model = with_lora(model, cfg.lora)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    total = num_steps(len(make_rows(data.train, cfg.optim.packing, cfg.data.max_length)), cfg)
+    log = MetricsLog(out_dir)
+    before = eval_loss(model, data.eval, cfg, pad_id)
+    if before is not None:
+        log.write(0, {"eval_loss": before})
+    stream = micro_batches(data.train, cfg, pad_id)
+    model.train()
+    losses: list[float] = []
+    with progress_bar(show_progress) as bar:
+        task = bar.add_task("sft", total=total)
+        for step in range(1, total + 1):
+            metrics = optimizer_step(model, params, opt, stream, lr_at(step - 1, total, cfg), cfg)
+            losses.append(metrics["loss"])
+            if data.eval and cfg.output.eval_every and step % cfg.output.eval_every == 0 and step < total:
+                metrics["eval_loss"] = eval_loss(model, data.eval, cfg, pad_id)
+            if step % cfg.output.log_every == 0 or step == total:
+                log.write(step, metrics)
+            bar.update(task, advance=1, description=f"sft loss {metrics['loss']:.3f}")
+    model.eval()
+    after = eval_loss(model, data.eval, cfg, pad_id)
+    if after is not None:
+        log.write(total, {"eval_loss": after})
+    log.close()
+    model, ckpt = save_checkpoint(model, tokenizer, out_dir, cfg.lora)
+    n_tokens = sum(e.num_trained for e in data.train)
+    result = SFTResult(
+        str(ckpt), total, len(data.train), len(data.eval), n_tokens, data.truncated,
+        losses[0], losses[-1], before, after, round(time.perf_counter() - t0, 2),
+    )  # fmt: skip
+    (out_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return model, result
+
+
+def optimizer_step(
+    model: Any,
+    params: list[torch.nn.Parameter],
+    opt: torch.optim.Optimizer,
+    stream: Iterator,
+    lr: float,
+    cfg: SFTConfig,
+) -> dict[str, float]:
+    """One optimizer step over ``grad_accum`` micro-batches; loss = NLL sum / trained tokens of the step."""
+    window = [next(stream) for _ in range(cfg.optim.grad_accum)]
+    n_tokens = max(1, sum(b.num_trained for _, b in window))
+    total = 0.0
+    for _, batch in window:
+        loss = forward_loss_sum(model, batch) / n_tokens
+        loss.backward()
+        total += loss.item()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip))
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return {
+        "loss": total,
+        "lr": lr,
+        "grad_norm": grad_norm,
+        "tokens": float(n_tokens),
+        "epoch": window[-1][0],
+    }

@@ -1,0 +1,60 @@
+"""The typed config of ``sage-rl sft`` (configs/sft.yaml is the reference, docs/sft.md the guide)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from sage_rl.config import Section
+
+
+class SFTData(Section):
+    path: str = Field(description="chat JSON Lines written by `sage-rl collect` (sage_rl.data.records)")
+    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of scenarios held out for eval loss")
+    max_length: int = Field(
+        2048, gt=8, description="tokens per example (longer ones are truncated) and per packed row"
+    )
+    limit: int | None = Field(None, gt=0, description="use only the first N examples (smoke runs)")
+
+
+class SFTOptim(Section):
+    epochs: float = Field(2.0, gt=0, description="passes over the training set (fractions allowed)")
+    max_steps: int | None = Field(None, gt=0, description="stop after this many optimizer steps")
+    lr: float = Field(2e-5, gt=0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    batch_size: int = Field(1, gt=0, description="rows per micro-batch")
+    grad_accum: int = Field(8, gt=0, description="micro-batches per optimizer step")
+    packing: bool = Field(False, description="pack several examples per row (exact: no cross-attention)")
+    seed: int = 0
+    threads: int | None = Field(None, gt=0, description="torch CPU threads (None = torch's default)")
+
+
+class SFTLora(Section):
+    enabled: bool = False
+    r: int = Field(16, gt=0)
+    alpha: int = Field(32, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    merge: bool = Field(
+        True, description="save the merged model (loadable by vLLM); the adapter is saved too"
+    )
+
+
+class SFTOutput(Section):
+    dir: str = "runs/sft"
+    log_every: int = Field(1, gt=0, description="optimizer steps between metric lines")
+    eval_every: int = Field(0, ge=0, description="optimizer steps between eval passes (0 = at the end only)")
+
+
+class SFTConfig(Section):
+    model: str | None = Field(
+        None, description="HF model folder or .gguf; null = embedded SmolLM2-135M-Instruct"
+    )
+    data: SFTData
+    optim: SFTOptim = SFTOptim()
+    lora: SFTLora = SFTLora()
+    output: SFTOutput = SFTOutput()
