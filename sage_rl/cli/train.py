@@ -42,7 +42,8 @@ def main(
     model, tokenizer = load_model(start_model, device=cfg.policy.device)
     trainer = Trainer(model, tokenizer, cfg.trainer)
     try:
-        logger, start = open_run(trainer, out, resume, tensorboard=cfg.tensorboard)
+        logger, start = open_run(trainer, out, resume, tensorboard=cfg.tensorboard,
+                                 wandb_project=cfg.wandb_project, trackio_project=cfg.trackio_project)
     except FileExistsError as e:
         raise fail(f"{e} (pass --resume, or out_dir=...)", 2) from None
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,310 @@
+"""The trainer's optimisation step: exact tokens, masks, micro-batching, metrics, options."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from sage_rl.train.trainer import LoraConfig, Trainer, TrainerConfig
+from sage_rl.types import Outcome, Sample, StopReason, Task, Trajectory, Turn
+
+torch.set_num_threads(1)
+VOCAB = 64
+
+
+def small_model(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def make_sample(prompt, turns, adv, task_id="t_1", position=0):
+    """turns: list of (gen_ids, obs_ids); sampler logprobs are -1.0 per generated token."""
+    task = Task(task_id=task_id, scenario_id="t", position=1, instruction="", split="train")
+    tt = tuple(
+        Turn(
+            gen_ids=tuple(g),
+            gen_logprobs=(-1.0,) * len(g),
+            text="",
+            code="x",
+            observation="",
+            obs_ids=tuple(o),
+        )
+        for g, o in turns
+    )
+    traj = Trajectory(
+        task=task, prompt_ids=tuple(prompt), turns=tt, outcome=Outcome(0.0, False), stop=StopReason.COMPLETED
+    )
+    return Sample(group=((task_id,), position), trajectory=traj, reward=0.0, advantage=adv)
+
+
+def batch():
+    """Five samples of different prompt lengths, turn counts and observation tokens."""
+    return [
+        make_sample([1, 5, 6], [([7, 8, 9], [10, 11]), ([12, 13], [])], 1.0),
+        make_sample([1, 5], [([20], [])], -0.5),
+        make_sample(
+            [1, 5, 6, 7, 8, 9, 3], [([30, 31, 32, 33], [40]), ([41], [42, 43]), ([44, 45], [])], 0.25
+        ),
+        make_sample([1, 2, 3, 4], [([50, 51], [])], -1.5),
+        make_sample([1], [([60, 61, 62], [])], 0.75),
+    ]
+
+
+def reference_grads(model, samples, num_chains, token_mean=False):
+    """A naive re-derivation, one unpadded sequence at a time, full logits, log_softmax: at ratio 1 the
+    loss is -(1/N) sum_i A_i mean_t logp_it (or the token mean)."""
+    model = copy.deepcopy(model)
+    total_tokens = sum(sum(s.trajectory.token_arrays()[1]) for s in samples)
+    for s in samples:
+        ids, mask, _ = s.trajectory.token_arrays()
+        ids_t = torch.tensor([ids])
+        logp = torch.log_softmax(model(input_ids=ids_t).logits[0, :-1], -1).gather(-1, ids_t[0, 1:, None])[
+            :, 0
+        ]
+        m = torch.tensor(mask[1:], dtype=torch.float32)
+        if token_mean:
+            loss = -s.advantage * (logp * m).sum() / total_tokens
+        else:
+            loss = -s.advantage * (logp * m).sum() / m.sum() / num_chains
+        loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("agg", ["seq_mean_token_mean", "token_mean"])
+def test_accumulated_gradient_equals_full_batch_and_reference(agg):
+    base = small_model()
+    ref = reference_grads(base, batch(), num_chains=2, token_mean=agg == "token_mean")
+    for mbs in (1, 2, 5):
+        tr = Trainer(copy.deepcopy(base), None, TrainerConfig(micro_batch_size=mbs, loss_agg=agg))
+        tr.optimizer.zero_grad()
+        stats = tr.accumulate_gradients(batch(), num_chains=2)
+        for n, p in tr.model.named_parameters():
+            assert torch.allclose(p.grad, ref[n], atol=1e-6, rtol=1e-4), (mbs, n)
+        # at ratio 1 the loss is -(sum of advantages) / num_chains (per-sample token means are all 1)
+        if agg == "seq_mean_token_mean":
+            assert stats.loss == pytest.approx(-(1.0 - 0.5 + 0.25 - 1.5 + 0.75) / 2, abs=1e-6)
+
+
+def test_step_metrics_and_update():
+    tr = Trainer(small_model(), None, TrainerConfig(lr=1e-2, micro_batch_size=2))
+    before = [p.detach().clone() for p in tr.model.parameters()]
+    m = tr.step(batch(), num_chains=5)
+    assert tr.global_step == 1
+    assert m["gen_tokens"] == 3 + 2 + 1 + 4 + 1 + 2 + 2 + 3
+    assert m["seq_tokens"] == sum(len(s.trajectory.token_arrays()[0]) for s in batch())
+    assert m["clip_frac_low"] == m["clip_frac_high"] == 0.0  # strictly on-policy: ratio 1
+    assert m["ratio_min"] == m["ratio_max"] == 1.0
+    assert 0 < m["entropy"] <= math.log(VOCAB) + 1e-5  # near uniform for a random model
+    assert m["grad_norm"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, tr.model.parameters(), strict=True))
+
+
+def test_logprob_mismatch_against_the_sampler():
+    model = small_model()
+    ids = [1, 5, 6, 7, 8]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1], -1)
+    true = [logp[t - 1, ids[t]].item() for t in (3, 4)]
+
+    def with_logprobs(lps):
+        s = make_sample(ids[:3], [(ids[3:], [])], 1.0)
+        turn = s.trajectory.turns[0]
+        t2 = Turn(gen_ids=turn.gen_ids, gen_logprobs=tuple(lps), text="", code="x", observation="")
+        traj = Trajectory(
+            s.trajectory.task, s.trajectory.prompt_ids, (t2,), s.trajectory.outcome, s.trajectory.stop
+        )
+        return Sample(s.group, traj, 0.0, 1.0)
+
+    exact = Trainer(copy.deepcopy(model), None, TrainerConfig()).step([with_logprobs(true)], 1)
+    assert exact["logprob_mismatch"] == pytest.approx(0.0, abs=1e-5)
+    off = Trainer(copy.deepcopy(model), None, TrainerConfig()).step(
+        [with_logprobs([v - 0.5 for v in true])], 1
+    )
+    assert off["logprob_mismatch"] == pytest.approx(0.5, abs=1e-5)
+
+
+def test_recompute_mode_gives_the_same_gradient():
+    base = small_model()
+    grads = []
+    for mode in ("same_pass", "recompute"):
+        tr = Trainer(copy.deepcopy(base), None, TrainerConfig(old_logprobs=mode, micro_batch_size=2))
+        tr.accumulate_gradients(batch(), num_chains=2)
+        grads.append(torch.cat([p.grad.flatten() for p in tr.model.parameters()]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-7)
+
+
+def test_grad_clip_bounds_the_update():
+    tr = Trainer(small_model(), None, TrainerConfig(grad_clip=1e-3, lr=1.0))
+    tr.accumulate_gradients(batch(), num_chains=1)
+    norm = torch.nn.utils.clip_grad_norm_(list(tr.model.parameters()), 1e-3)
+    assert norm > 1e-3
+    total = torch.sqrt(sum((p.grad**2).sum() for p in tr.model.parameters()))
+    assert total.item() == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_lora_trains_only_adapters_and_kl_reference_is_the_base():
+    tr = Trainer(small_model(), None, TrainerConfig(lr=1e-1, lora=LoraConfig(r=4, alpha=8), kl_coef=0.1))
+    trainable = [n for n, p in tr.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    first = tr.step(batch(), num_chains=5)
+    assert first["kl_ref"] == pytest.approx(0.0, abs=1e-7)  # LoRA B starts at 0: model == base
+    second = tr.step(batch(), num_chains=5)
+    assert second["kl_ref"] > 0
+
+
+def test_full_model_kl_reference_is_a_frozen_copy():
+    tr = Trainer(small_model(), None, TrainerConfig(lr=1e-2, kl_coef=0.5))
+    tr.step(batch(), num_chains=5)
+    assert tr.step(batch(), num_chains=5)["kl_ref"] > 0
+    assert all(not p.requires_grad for p in tr.ref_model.parameters())
+
+
+def test_bad_inputs_are_named():
+    tr = Trainer(small_model(), None, TrainerConfig())
+    with pytest.raises(ValueError, match="empty prompt"):
+        tr.step([make_sample([], [([1, 2], [])], 1.0)], 1)
+    with pytest.raises(ValueError, match="no samples"):
+        tr.step([], 1)
+    with pytest.raises(ValueError, match="num_chains"):
+        tr.step(batch(), 0)
+
+
+def test_bf16_autocast_path_runs_and_tracks_fp32():
+    base = small_model()
+    grads = {}
+    for dtype in ("float32", "bfloat16"):
+        tr = Trainer(copy.deepcopy(base), None, TrainerConfig(dtype=dtype, micro_batch_size=2))
+        assert (tr.autocast_dtype is None) == (dtype == "float32")
+        stats = tr.accumulate_gradients(batch(), num_chains=2)
+        assert math.isfinite(stats.loss)
+        grads[dtype] = torch.cat([p.grad.flatten() for p in tr.model.parameters()])
+        assert all(p.dtype == torch.float32 for p in tr.model.parameters())  # fp32 master weights
+    cos = torch.nn.functional.cosine_similarity(grads["float32"], grads["bfloat16"], dim=0)
+    assert cos > 0.98
+
+
+def test_batch_metrics_by_position():
+    from sage_rl.train.logging import batch_metrics
+
+    def s(pos, score, code=True, used=(), saved=(), reward=None):
+        base = make_sample([1, 2], [([3, 4], [])], 0.0, position=pos)
+        t = base.trajectory
+        turns = t.turns if code else (Turn((3, 4), (-1.0, -1.0), "", None, ""),)
+        traj = Trajectory(
+            t.task,
+            t.prompt_ids,
+            turns,
+            Outcome(score, score == 1.0),
+            t.stop,
+            skills_used=used,
+            skills_saved=saved,
+        )
+        return Sample(base.group, traj, score if reward is None else reward, 0.0)
+
+    m = batch_metrics(
+        [
+            s(0, 1.0, saved=("f",)),
+            s(0, 0.5, saved=("f", "g")),
+            s(1, 1.0, used=("f",), reward=2.0),
+            s(1, 0.0, code=False, used=("g",), reward=-1.0),
+        ]
+    )
+    assert m["reward"] == pytest.approx((1.0 + 0.5 + 2.0 - 1.0) / 4)
+    assert m["success/k0"] == 0.5 and m["success/k1"] == 0.5
+    assert m["no_code_rate"] == 0.25 and m["no_code_rate/k1"] == 0.5
+    assert m["skill_use_rate/k1"] == 1.0 and m["skill_use_success/k1"] == 0.5
+    assert m["skill_save_rate/k0"] == 1.0 and m["skills_saved/k0"] == 1.5
+    assert math.isnan(m["skill_use_success/k0"])
+    assert m["gen_tokens_per_task"] == 2.0 and m["turns"] == 1.0
+
+
+def test_metrics_logger_rows_offsets_and_truncation(tmp_path):
+    from sage_rl.train.logging import MetricsLogger, read_metrics
+
+    log = MetricsLogger(tmp_path)
+    log.log(1, {"loss": 0.5, "x": float("nan")})
+    mark = log.offset()
+    log.log(2, {"loss": 0.25})
+    log.close()
+    assert read_metrics(tmp_path) == [{"step": 1, "loss": 0.5, "x": None}, {"step": 2, "loss": 0.25}]
+    assert any((tmp_path / "tb").iterdir())
+    MetricsLogger(tmp_path, resume_offset=mark, tensorboard=False).close()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1]
+    with pytest.raises(ValueError, match="fewer than"):
+        MetricsLogger(tmp_path, resume_offset=10_000, tensorboard=False)
+
+
+def test_token_logprobs_alignment_and_entropy():
+    from sage_rl.train.optim import _entropy, token_logprobs
+
+    logits = torch.zeros(1, 3, 4)  # uniform over 4 tokens at positions 0, 1; position 2 is dropped
+    logits[0, 1] = torch.tensor([0.0, 0.0, 0.0, math.log(3.0)])  # p = (1/6, 1/6, 1/6, 1/2)
+    logp, ent = token_logprobs(logits, torch.tensor([[2, 3]]), with_entropy=True)
+    assert logp[0].tolist() == pytest.approx([math.log(1 / 4), math.log(1 / 2)])
+    assert ent[0].tolist() == pytest.approx(
+        [math.log(4), -(3 * (1 / 6) * math.log(1 / 6) + 0.5 * math.log(0.5))]
+    )
+    z = torch.randn(2, 7, 5)
+    assert torch.allclose(_entropy(z, torch.logsumexp(z, -1), chunk=3), _entropy(z, torch.logsumexp(z, -1)))
+
+
+def test_chunked_head_matches_the_plain_path():
+    base = small_model()
+    grads, losses = [], []
+    for chunked in (True, False):
+        tr = Trainer(copy.deepcopy(base), None, TrainerConfig(chunked_head=chunked, micro_batch_size=3))
+        assert (tr.head is not None) == chunked
+        if chunked:
+            # several tiles per micro-batch, each recomputed in backward
+            tr.head = type(tr.head)(tr.head.decoder, tr.head.head, chunk=4, max_saved_logits=0)
+        stats = tr.accumulate_gradients(batch(), num_chains=2)
+        losses.append((stats.loss, stats.entropy_sum))
+        grads.append(torch.cat([p.grad.flatten() for p in tr.model.parameters()]))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
+def test_chunked_head_is_refused_when_the_split_changes_the_logits():
+    from sage_rl.train.optim import ChunkedHead
+
+    model = small_model()
+    model.config.logit_scale = 2.0  # not used by Llama: the split still matches
+    assert ChunkedHead.of(model, torch.device("cpu")) is not None
+    original = model.forward
+
+    def scaled_forward(*args, **kwargs):  # a model that post-processes its logits
+        out = original(*args, **kwargs)
+        out.logits = out.logits * 2.0
+        return out
+
+    model.forward = scaled_forward
+    assert ChunkedHead.of(model, torch.device("cpu")) is None
+
+
+def test_optional_backends_are_skipped_when_not_installed(tmp_path):
+    import importlib.util
+
+    from sage_rl.train.logging import MetricsLogger
+
+    if importlib.util.find_spec("wandb") or importlib.util.find_spec("trackio"):
+        pytest.skip("wandb or trackio is installed here; this checks their absence")
+    with pytest.warns(UserWarning, match="not installed"):
+        log = MetricsLogger(tmp_path, tensorboard=False, wandb_project="p", trackio_project="p")
+    log.log(1, {"loss": 1.0})
+    log.close()
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
