@@ -75,8 +75,13 @@ def _appworld(repeats: int) -> tuple[dict | None, str]:
 
 
 #: AppWorld's bench keys -> ours
-_AW_KEYS = {"reset_s": "task_reset_s", "execute_0_calls_s": "cell_0_calls_s", "execute_10_calls_s": "cell_10_calls_s",
-            "execute_100_calls_s": "cell_100_calls_s", "evaluate_s": "evaluate_s"}
+_AW_KEYS = {
+    "reset_s": "task_reset_s",
+    "execute_0_calls_s": "cell_0_calls_s",
+    "execute_10_calls_s": "cell_10_calls_s",
+    "execute_100_calls_s": "cell_100_calls_s",
+    "evaluate_s": "evaluate_s",
+}
 
 
 def main() -> None:
@@ -95,7 +100,9 @@ def main() -> None:
     out["appworld"], out["appworld_reason"] = aw, why
     if aw is not None:
         out["ratio_appworld_over_pocketworld"] = {
-            ours: round(aw[theirs] / sandboxed[ours], 1) for theirs, ours in _AW_KEYS.items() if sandboxed.get(ours)
+            ours: round(aw[theirs] / sandboxed[ours], 1)
+            for theirs, ours in _AW_KEYS.items()
+            if sandboxed.get(ours)
         }
     print(json.dumps(out, sort_keys=True))
 

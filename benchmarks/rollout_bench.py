@@ -64,22 +64,41 @@ def main() -> None:
     policy = TransformersPolicy(model, tok, max_batch=args.scenarios)
     busy = Timed(policy, "_advance")
     suite = PocketWorldSuite(executor_factory())
-    runner = ChainRunner(policy, suite, PromptBuilder(), AgentConfig(max_steps=args.max_steps, max_tokens_per_turn=args.max_tokens),
-                         SkillsConfig(), SamplingParams(temperature=1.0, seed=0), make_retriever(RetrievalConfig()))
+    runner = ChainRunner(
+        policy,
+        suite,
+        PromptBuilder(),
+        AgentConfig(max_steps=args.max_steps, max_tokens_per_turn=args.max_tokens),
+        SkillsConfig(),
+        SamplingParams(temperature=1.0, seed=0),
+        make_retriever(RetrievalConfig()),
+    )
     tasks = [t for s in scenarios_of(suite.split(args.split))[: args.scenarios] for t in s]
     asyncio.run(_warm(suite))
     t0 = time.perf_counter()
     chains = asyncio.run(evaluate_chains(runner, tasks, Library(), concurrency=args.scenarios))
     wall = time.perf_counter() - t0
     turns = [turn for c in chains for t in c.trajectories for turn in t.turns]
-    print(json.dumps({
-        "model": "tiny" if args.tiny else "SmolLM2-135M-Instruct",
-        "threads": args.threads, "scenarios": len(chains), "episodes": sum(len(c.trajectories) for c in chains),
-        "turns": len(turns), "generated_tokens": sum(len(t.gen_ids) for t in turns),
-        "wall_s": round(wall, 3), "model_busy_s": round(busy.seconds, 3), "forward_s": round(forward.seconds, 3),
-        "sampler_steps": busy.calls, "env_s_sum": round(sum(t.env_s for t in turns), 3),
-        "outside_model_share": round(1 - busy.seconds / wall, 4), "target_outside_share": 0.10,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "model": "tiny" if args.tiny else "SmolLM2-135M-Instruct",
+                "threads": args.threads,
+                "scenarios": len(chains),
+                "episodes": sum(len(c.trajectories) for c in chains),
+                "turns": len(turns),
+                "generated_tokens": sum(len(t.gen_ids) for t in turns),
+                "wall_s": round(wall, 3),
+                "model_busy_s": round(busy.seconds, 3),
+                "forward_s": round(forward.seconds, 3),
+                "sampler_steps": busy.calls,
+                "env_s_sum": round(sum(t.env_s for t in turns), 3),
+                "outside_model_share": round(1 - busy.seconds / wall, 4),
+                "target_outside_share": 0.10,
+            },
+            indent=2,
+        )
+    )
 
 
 async def _warm(suite) -> None:

@@ -87,14 +87,22 @@ def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
         from sage_rl.policies.scripted import ScriptedExpert
 
         tok = load_tokenizer(p.model)  # count the expert's tokens as the default model would
-        return ScriptedExpert(seed=p.expert_seed, token_counter=lambda text: len(tok.encode(text, add_special_tokens=False)))
+        return ScriptedExpert(
+            seed=p.expert_seed, token_counter=lambda text: len(tok.encode(text, add_special_tokens=False))
+        )
     if p.kind == "openai":
         import os
 
         from sage_rl.policies.openai_policy import OpenAIPolicy
 
-        return OpenAIPolicy(base_url=p.base_url, model=p.model or "default", api_key=os.environ.get(p.api_key_env),
-                            max_concurrency=p.max_concurrency, timeout_s=p.timeout_s, params=params)
+        return OpenAIPolicy(
+            base_url=p.base_url,
+            model=p.model or "default",
+            api_key=os.environ.get(p.api_key_env),
+            max_concurrency=p.max_concurrency,
+            timeout_s=p.timeout_s,
+            params=params,
+        )
     from sage_rl.models import load_model
     from sage_rl.policies.transformers_policy import TransformersPolicy
 
@@ -115,9 +123,19 @@ def worked_example(suite: Suite) -> WorkedExample | None:
 def build_runner(cfg: RunConfig, policy: Policy, suite: Suite, step: int = 0) -> ChainRunner:
     example = worked_example(suite) if cfg.worked_example else None
     template_dir = getattr(suite, "prompt_dir", DEFAULT_TEMPLATES)  # AppWorld brings its own templates
-    prompts = PromptBuilder(use_skills=cfg.skills.use_skills, max_steps=cfg.agent.max_steps, example=example,
-                            template_dir=template_dir)
+    prompts = PromptBuilder(
+        use_skills=cfg.skills.use_skills,
+        max_steps=cfg.agent.max_steps,
+        example=example,
+        template_dir=template_dir,
+    )
     return ChainRunner(
-        policy=policy, suite=suite, prompts=prompts, agent=cfg.agent, skills=cfg.skills,
-        params=cfg.sampling.params(cfg.agent.max_tokens_per_turn), retriever=make_retriever(cfg.skills.retrieval), step=step,
+        policy=policy,
+        suite=suite,
+        prompts=prompts,
+        agent=cfg.agent,
+        skills=cfg.skills,
+        params=cfg.sampling.params(cfg.agent.max_tokens_per_turn),
+        retriever=make_retriever(cfg.skills.retrieval),
+        step=step,
     )

@@ -21,7 +21,9 @@ class FakeEnv:
             return ExecResult("", ok="bad" not in origin)
         calls = tuple(CallRecord(n, skill_origin(n), 1, 0) for n in ("f", "g") if f"{n}(" in code)
         self._done = self._done or "complete" in code
-        return ExecResult("Error" if "boom" in code else "out", ok="boom" not in code, calls=calls, defined=())
+        return ExecResult(
+            "Error" if "boom" in code else "out", ok="boom" not in code, calls=calls, defined=()
+        )
 
     async def evaluate(self):
         return Outcome.from_checks((CheckResult("done", self._done),))

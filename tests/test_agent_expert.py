@@ -19,8 +19,15 @@ from sage_rl.skills.retrieval import RetrievalConfig, make_retriever
 
 def _evaluate(split, expert, sandbox=True):
     suite = PocketWorldSuite(executor_factory()) if sandbox else PocketWorldSuite()
-    runner = ChainRunner(expert, suite, PromptBuilder(), AgentConfig(max_steps=6), SkillsConfig(), SamplingParams(),
-                         make_retriever(RetrievalConfig()))
+    runner = ChainRunner(
+        expert,
+        suite,
+        PromptBuilder(),
+        AgentConfig(max_steps=6),
+        SkillsConfig(),
+        SamplingParams(),
+        make_retriever(RetrievalConfig()),
+    )
     return asyncio.run(evaluate_chains(runner, suite.split(split), Library(), concurrency=4))
 
 

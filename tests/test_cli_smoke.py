@@ -39,8 +39,18 @@ SMALL = ["agent.max_steps=2", "agent.max_tokens_per_turn=12", "agent.context_lim
 
 def test_train_two_steps_writes_checkpoints_metrics_and_report(tiny_dir, tmp_path):
     out = tmp_path / "run"
-    r = _cli("train", "configs/quickstart.yaml", f"policy.model={tiny_dir}", "steps=2", "rollout.group_size=2",
-             "eval.scenarios=1", f"out_dir={out}", "init_from=null", *SMALL, "--json")
+    r = _cli(
+        "train",
+        "configs/quickstart.yaml",
+        f"policy.model={tiny_dir}",
+        "steps=2",
+        "rollout.group_size=2",
+        "eval.scenarios=1",
+        f"out_dir={out}",
+        "init_from=null",
+        *SMALL,
+        "--json",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2 and summary["before"] is not None and summary["after"] is not None
@@ -60,7 +70,13 @@ def test_eval_writes_the_run_folder(tiny_dir, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = json.loads(r.stdout.strip().splitlines()[-1])["same_scenario"]
     assert metrics["tasks"] == 3 and metrics["scenarios"] == 1
-    for f in ("config.yaml", "metrics.json", "report.md", "by_position.png", "trajectories.same_scenario.jsonl"):
+    for f in (
+        "config.yaml",
+        "metrics.json",
+        "report.md",
+        "by_position.png",
+        "trajectories.same_scenario.jsonl",
+    ):
         assert (out / f).is_file(), f
     assert "TGC" in (out / "report.md").read_text()
 

@@ -1,4 +1,5 @@
 import pytest
+from pydantic import ValidationError
 
 from sage_rl.config import ConfigError, Section, apply_overrides, load_config
 
@@ -50,7 +51,7 @@ def test_bad_files_and_overrides(tmp_path):
 
 def test_configs_are_frozen():
     cfg = load_config(Outer)
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.name = "other"
 
 

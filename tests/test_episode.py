@@ -66,9 +66,15 @@ def test_step_limit_and_policy_error_are_data():
 
 
 def test_token_budget_and_context_limit():
-    traj, _ = _run(ScriptPolicy(["```python\nx = 1\n```"], tokens_per_reply=40), AgentConfig(token_budget=100, min_turn_tokens=30))
+    traj, _ = _run(
+        ScriptPolicy(["```python\nx = 1\n```"], tokens_per_reply=40),
+        AgentConfig(token_budget=100, min_turn_tokens=30),
+    )
     assert traj.stop is StopReason.TOKEN_BUDGET and len(traj.turns) == 2  # 100 - 80 = 20 < 30
-    assert turn_room(AgentConfig(context_limit=1000, max_tokens_per_turn=300), 900, 0) == (100, StopReason.CONTEXT_LIMIT)
+    assert turn_room(AgentConfig(context_limit=1000, max_tokens_per_turn=300), 900, 0) == (
+        100,
+        StopReason.CONTEXT_LIMIT,
+    )
     assert turn_room(AgentConfig(token_budget=50), 10, 20) == (30, StopReason.TOKEN_BUDGET)
 
 
@@ -79,7 +85,10 @@ def test_each_turn_asks_for_at_most_the_room_left():
 
 
 def test_library_preamble_runs_first_and_failures_are_dropped():
-    traj, env = _run(ScriptPolicy(["```python\ncomplete()\n```"]), preamble=(("f", "def f(): ..."), ("bad", "def bad(: ...")))
+    traj, env = _run(
+        ScriptPolicy(["```python\ncomplete()\n```"]),
+        preamble=(("f", "def f(): ..."), ("bad", "def bad(: ...")),
+    )
     assert [o for o, _ in env.cells][:2] == ["<skill:f>", "<skill:bad>"]
     assert traj.library_in == ("f", "bad") and traj.library_dropped == ("bad",)
 
@@ -91,7 +100,9 @@ class FakeSuite:
     name = "fake"
 
     def split(self, split):
-        return tuple(Task(f"s{i}_{k}", f"s{i}", k, f"task {k} of s{i}", split) for i in range(2) for k in (1, 2))
+        return tuple(
+            Task(f"s{i}_{k}", f"s{i}", k, f"task {k} of s{i}", split) for i in range(2) for k in (1, 2)
+        )
 
     def sample_chain(self, rng, length, split="train"):
         i = rng.randrange(100)
@@ -129,8 +140,15 @@ class DefiningSuite(FakeSuite):
 
 
 def _runner(policy, suite):
-    return ChainRunner(policy, suite, PromptBuilder(), AgentConfig(max_steps=3), SkillsConfig(), SamplingParams(),
-                       make_retriever(RetrievalConfig()))
+    return ChainRunner(
+        policy,
+        suite,
+        PromptBuilder(),
+        AgentConfig(max_steps=3),
+        SkillsConfig(),
+        SamplingParams(),
+        make_retriever(RetrievalConfig()),
+    )
 
 
 def test_chain_carries_the_library_and_records_used_from():

@@ -8,8 +8,11 @@ import sys
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="SAGE: RL for self-improving agents with a skill library.")
-
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="SAGE: RL for self-improving agents with a skill library.",
+)
 
 
 @app.callback()
@@ -53,7 +56,9 @@ def _register(only: str | None = None) -> None:
             if e.name != mod:
                 raise
             continue
-        app.command(name, help=help_, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(fn)
+        app.command(
+            name, help=help_, context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+        )(fn)
 
 
 def main() -> None:

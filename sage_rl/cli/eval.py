@@ -50,7 +50,9 @@ def run_eval(cfg: EvalConfig):
     strategies = list(STRATEGIES) if cfg.strategies == ["all"] else cfg.strategies
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
-        raise fail(f"unknown retrieval strategy {unknown[0]!r}; choose from {', '.join(STRATEGIES)} or all", 2)
+        raise fail(
+            f"unknown retrieval strategy {unknown[0]!r}; choose from {', '.join(STRATEGIES)} or all", 2
+        )
     try:
         suite = build_suite(cfg)
         tasks = suite.split(cfg.split)
@@ -64,10 +66,18 @@ def run_eval(cfg: EvalConfig):
     results, chains = {}, {}
     with progress() as bar:
         for strategy in strategies:
-            run_cfg = cfg.model_copy(update={"skills": cfg.skills.model_copy(update={"retrieval": cfg.skills.retrieval.model_copy(update={"strategy": strategy})})})
+            run_cfg = cfg.model_copy(
+                update={
+                    "skills": cfg.skills.model_copy(
+                        update={"retrieval": cfg.skills.retrieval.model_copy(update={"strategy": strategy})}
+                    )
+                }
+            )
             runner = build_runner(run_cfg, policy, suite)
             job = bar.add_task(f"{strategy}: scenarios", total=len(scenarios))
-            done = asyncio.run(evaluate_chains(runner, tasks, library, cfg.concurrency, lambda _c, j=job: bar.advance(j)))
+            done = asyncio.run(
+                evaluate_chains(runner, tasks, library, cfg.concurrency, lambda _c, j=job: bar.advance(j))
+            )
             chains[strategy], results[strategy] = done, compute_metrics(done)
     return results, chains, time.perf_counter() - t0
 

@@ -18,7 +18,9 @@ from sage_rl.train.loop import TrainConfig, TrainResult, train
 def main(
     ctx: typer.Context,
     config: str = typer.Argument(None, help="YAML config (default: configs/quickstart.yaml)"),
-    resume: bool = typer.Option(False, "--resume", help="continue the run in out_dir from its last checkpoint"),
+    resume: bool = typer.Option(
+        False, "--resume", help="continue the run in out_dir from its last checkpoint"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the before/after summary as JSON on stdout"),
 ) -> None:
     """Train with sequential rollout + skill-integrated reward + GRPO (overrides: key.sub=value)."""
@@ -42,15 +44,23 @@ def main(
     model, tokenizer = load_model(start_model, device=cfg.policy.device)
     trainer = Trainer(model, tokenizer, cfg.trainer)
     try:
-        logger, start = open_run(trainer, out, resume, tensorboard=cfg.tensorboard,
-                                 wandb_project=cfg.wandb_project, trackio_project=cfg.trackio_project)
+        logger, start = open_run(
+            trainer,
+            out,
+            resume,
+            tensorboard=cfg.tensorboard,
+            wandb_project=cfg.wandb_project,
+            trackio_project=cfg.trackio_project,
+        )
     except FileExistsError as e:
         raise fail(f"{e} (pass --resume, or out_dir=...)", 2) from None
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_config(cfg))
     policy = build_policy(cfg, model=trainer.model, tokenizer=tokenizer)
-    err.print(f"training {policy.name}: steps {start}->{cfg.steps}, K={cfg.rollout.chain_length}, "
-              f"G={cfg.rollout.group_size}, B={cfg.rollout.groups_per_step}, reward={cfg.rollout.reward.value}; run folder {out}")
+    err.print(
+        f"training {policy.name}: steps {start}->{cfg.steps}, K={cfg.rollout.chain_length}, "
+        f"G={cfg.rollout.group_size}, B={cfg.rollout.groups_per_step}, reward={cfg.rollout.reward.value}; run folder {out}"
+    )
     with progress() as bar:
         result = asyncio.run(train(cfg, trainer, policy, logger, start, bar))
     logger.close()
@@ -66,20 +76,39 @@ def main(
 def _summary(r: TrainResult, wall: float) -> dict:
     pick = ("tgc", "sgc", "avg_score", "avg_steps", "avg_tokens", "usage_rate", "no_code_turn_rate")
     return {
-        "steps": r.steps_done, "wall_s": wall, "rollout_s": r.rollout_s, "train_s": r.train_s,
+        "steps": r.steps_done,
+        "wall_s": wall,
+        "rollout_s": r.rollout_s,
+        "train_s": r.train_s,
         "before": {k: getattr(r.before, k) for k in pick} if r.before else None,
         "after": {k: getattr(r.after, k) for k in pick} if r.after else None,
     }
 
 
 def _report(cfg: TrainConfig, r: TrainResult, summary: dict) -> str:
-    lines = [f"# sage-rl train: {cfg.out_dir}", "", f"{r.steps_done} steps in {summary['wall_s']:.0f} s "
-             f"(rollout {r.rollout_s:.0f} s, train {r.train_s:.0f} s).", ""]
+    lines = [
+        f"# sage-rl train: {cfg.out_dir}",
+        "",
+        f"{r.steps_done} steps in {summary['wall_s']:.0f} s "
+        f"(rollout {r.rollout_s:.0f} s, train {r.train_s:.0f} s).",
+        "",
+    ]
     if r.before and r.after:
-        lines += [f"Evaluation on the first {cfg.eval.scenarios or 'all'} scenarios of `{cfg.eval.split}`:", "",
-                  "| metric | before | after |", "|---|---|---|"]
-        lines += [f"| {a[0]} | {a[1]} | {b[1]} |" for a, b in zip(headline_rows(r.before), headline_rows(r.after), strict=True)]
-    lines += ["", "Curves: `metrics.jsonl`, `tb/` (TensorBoard), `curves.png`. Definitions: docs/metrics.md.", ""]
+        lines += [
+            f"Evaluation on the first {cfg.eval.scenarios or 'all'} scenarios of `{cfg.eval.split}`:",
+            "",
+            "| metric | before | after |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {a[0]} | {a[1]} | {b[1]} |"
+            for a, b in zip(headline_rows(r.before), headline_rows(r.after), strict=True)
+        ]
+    lines += [
+        "",
+        "Curves: `metrics.jsonl`, `tb/` (TensorBoard), `curves.png`. Definitions: docs/metrics.md.",
+        "",
+    ]
     return "\n".join(lines)
 
 

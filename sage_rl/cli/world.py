@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-
 import itertools
 import json
 import sys
@@ -54,7 +53,9 @@ def _env(in_process: bool) -> PocketWorldEnv:
     return PocketWorldEnv(executor_factory())
 
 
-InProcessOpt = Annotated[bool, typer.Option("--in-process", help="run the cell in this process, not the sandbox")]
+InProcessOpt = Annotated[
+    bool, typer.Option("--in-process", help="run the cell in this process, not the sandbox")
+]
 
 
 def _run(task: Task, code: str | None, in_process: bool = False) -> tuple[str, bool, Outcome]:

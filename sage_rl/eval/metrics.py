@@ -72,13 +72,26 @@ def compute_metrics(chains: Sequence[Chain]) -> EvalMetrics:
         completed_rate=_rate(stops["completed"], len(trajs)),
         library_size=_mean([_library_size(c) for c in chains]),
         skills_generated=sum(len(t.skills_saved) for t in trajs),
-        skills_used=len({(c.trajectories[0].task.scenario_id, s) for c in chains for t in c.trajectories for s in t.skills_used}),
+        skills_used=len(
+            {
+                (c.trajectories[0].task.scenario_id, s)
+                for c in chains
+                for t in c.trajectories
+                for s in t.skills_used
+            }
+        ),
         usage_rate=_rate(sum(bool(t.skills_used) for t in later), len(later)),
         success_when_used=_rate(sum(t.outcome.success for t in used), len(used)),
         success_when_not_used=_rate(sum(t.outcome.success for t in not_used), len(not_used)),
-        tgc_by_position=_by(trajs, lambda t: t.task.position, lambda ts: _pct(sum(t.outcome.success for t in ts), len(ts))),
-        usage_rate_by_position=_by(trajs, lambda t: t.task.position, lambda ts: _rate(sum(bool(t.skills_used) for t in ts), len(ts))),
-        tgc_by_difficulty=_by(trajs, lambda t: t.task.difficulty, lambda ts: _pct(sum(t.outcome.success for t in ts), len(ts))),
+        tgc_by_position=_by(
+            trajs, lambda t: t.task.position, lambda ts: _pct(sum(t.outcome.success for t in ts), len(ts))
+        ),
+        usage_rate_by_position=_by(
+            trajs, lambda t: t.task.position, lambda ts: _rate(sum(bool(t.skills_used) for t in ts), len(ts))
+        ),
+        tgc_by_difficulty=_by(
+            trajs, lambda t: t.task.difficulty, lambda ts: _pct(sum(t.outcome.success for t in ts), len(ts))
+        ),
         stop_reasons=dict(sorted(stops.items())),
     )
 

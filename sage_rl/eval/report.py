@@ -56,11 +56,29 @@ def markdown_report(results: Mapping[str, EvalMetrics], title: str, config_yaml:
     for label, _, _ in HEADLINE:
         lines.append(f"| {label} | " + " | ".join(r[label] for r in per_run) + " |")
     for name, m in results.items():
-        lines += ["", f"## {name}", "", "TGC by position: " + _fmt_map(m.tgc_by_position, "{:.1f}"),
-                  "", "Skill usage by position: " + _fmt_map(m.usage_rate_by_position, "{:.2f}"),
-                  "", "TGC by difficulty: " + _fmt_map(m.tgc_by_difficulty, "{:.1f}"),
-                  "", "Stop reasons: " + ", ".join(f"{k} {v}" for k, v in m.stop_reasons.items())]
-    lines += ["", "Metric definitions: docs/metrics.md.", "", "## Config", "", "```yaml", config_yaml.rstrip(), "```", ""]
+        lines += [
+            "",
+            f"## {name}",
+            "",
+            "TGC by position: " + _fmt_map(m.tgc_by_position, "{:.1f}"),
+            "",
+            "Skill usage by position: " + _fmt_map(m.usage_rate_by_position, "{:.2f}"),
+            "",
+            "TGC by difficulty: " + _fmt_map(m.tgc_by_difficulty, "{:.1f}"),
+            "",
+            "Stop reasons: " + ", ".join(f"{k} {v}" for k, v in m.stop_reasons.items()),
+        ]
+    lines += [
+        "",
+        "Metric definitions: docs/metrics.md.",
+        "",
+        "## Config",
+        "",
+        "```yaml",
+        config_yaml.rstrip(),
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -78,9 +96,16 @@ def plot_results(results: Mapping[str, EvalMetrics], path: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
     for name, m in results.items():
         ax1.plot(list(m.tgc_by_position), list(m.tgc_by_position.values()), marker="o", label=name)
-        ax2.plot(list(m.usage_rate_by_position), list(m.usage_rate_by_position.values()), marker="o", label=name)
+        ax2.plot(
+            list(m.usage_rate_by_position), list(m.usage_rate_by_position.values()), marker="o", label=name
+        )
     ax1.set(title="TGC by task position", xlabel="position in scenario", ylabel="TGC (%)", ylim=(0, 100))
-    ax2.set(title="Skill usage by task position", xlabel="position in scenario", ylabel="share of tasks", ylim=(0, 1))
+    ax2.set(
+        title="Skill usage by task position",
+        xlabel="position in scenario",
+        ylabel="share of tasks",
+        ylim=(0, 1),
+    )
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -89,8 +114,13 @@ def plot_results(results: Mapping[str, EvalMetrics], path: Path) -> None:
     plt.close(fig)
 
 
-def write_run(out: Path, results: Mapping[str, EvalMetrics], chains: Mapping[str, Sequence[Chain]],
-              config_yaml: str, title: str) -> None:
+def write_run(
+    out: Path,
+    results: Mapping[str, EvalMetrics],
+    chains: Mapping[str, Sequence[Chain]],
+    config_yaml: str,
+    title: str,
+) -> None:
     """The run folder: config, trajectories (JSON Lines), metrics.json, report.md, plots."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(config_yaml)
@@ -98,7 +128,9 @@ def write_run(out: Path, results: Mapping[str, EvalMetrics], chains: Mapping[str
         with open(out / f"trajectories.{name}.jsonl", "w") as f:
             for c in cs:
                 f.write(dumps(c) + "\n")
-    (out / "metrics.json").write_text(json.dumps({k: dataclasses.asdict(m) for k, m in results.items()}, indent=2))
+    (out / "metrics.json").write_text(
+        json.dumps({k: dataclasses.asdict(m) for k, m in results.items()}, indent=2)
+    )
     (out / "report.md").write_text(markdown_report(results, title, config_yaml))
     plot_results(results, out / "by_position.png")
 

@@ -19,7 +19,9 @@ from sage_rl.types import Chain, Task
 def scenarios_of(tasks: Sequence[Task]) -> list[tuple[Task, ...]]:
     """Split an ordered task list into scenarios (consecutive runs of one scenario id), each in
     position order."""
-    return [tuple(sorted(g, key=lambda t: t.position)) for _, g in groupby(tasks, key=lambda t: t.scenario_id)]
+    return [
+        tuple(sorted(g, key=lambda t: t.position)) for _, g in groupby(tasks, key=lambda t: t.scenario_id)
+    ]
 
 
 async def evaluate_chains(

@@ -25,7 +25,10 @@ from sage_rl.policies.base import Completion, PolicyRequest
 
 #: Interchangeable leading verbs for seeded renaming of skills.
 _VERBS = ("get", "fetch", "find", "list", "collect")
-_COMMON_VARIANTS = {"login_to": ("login_to", "get_access_token", "app_login"), "fetch_all": ("fetch_all", "collect_pages", "all_pages")}
+_COMMON_VARIANTS = {
+    "login_to": ("login_to", "get_access_token", "app_login"),
+    "fetch_all": ("fetch_all", "collect_pages", "all_pages"),
+}
 _API_REF = re.compile(r"apis\.(\w+)\.(\w+)\(")
 
 
@@ -88,7 +91,9 @@ def _source_of(template, names: list[str]) -> str:
     """The definitions of ``names`` (a subset of the template's skills), in source order."""
     full = template.full_skill_source
     tree = ast.parse(full)
-    keep = [n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) or n.name in names]
+    keep = [
+        n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) or n.name in names
+    ]
     return "\n\n\n".join(ast.get_source_segment(full, n, padded=False) for n in keep)
 
 
@@ -115,7 +120,11 @@ def _answer_expr(call: str) -> str | None:
         tree = ast.parse(call)
     except SyntaxError:
         return None
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Expr) or not isinstance(tree.body[0].value, ast.Call):
+    if (
+        len(tree.body) != 1
+        or not isinstance(tree.body[0], ast.Expr)
+        or not isinstance(tree.body[0].value, ast.Call)
+    ):
         return None
     node = tree.body[0].value
     if ast.unparse(node.func) != "apis.supervisor.complete_task" or node.args:

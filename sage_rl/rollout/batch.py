@@ -41,7 +41,9 @@ def check_group_contract(groups: Sequence[Sequence[Chain]]) -> None:
         seqs = {c.task_ids for c in chains}
         starts = {c.trajectories[0].library_in for c in chains if c.trajectories}
         if len(seqs) != 1 or len(starts) > 1:
-            raise AssertionError(f"group {i} breaks the group contract: sequences {seqs}, start libraries {starts}")
+            raise AssertionError(
+                f"group {i} breaks the group contract: sequences {seqs}, start libraries {starts}"
+            )
 
 
 def to_samples(groups: Sequence[Sequence[Chain]], cfg: RolloutConfig) -> list[Sample]:
@@ -50,8 +52,13 @@ def to_samples(groups: Sequence[Sequence[Chain]], cfg: RolloutConfig) -> list[Sa
     for chains in groups:
         for chain in chains:
             rs = rewards(cfg.reward, ChainOutcomes.from_chain(chain), cfg.no_code_reward)
-            items += [((chain.task_ids, k), r, traj) for k, (traj, r) in enumerate(zip(chain.trajectories, rs, strict=True))]
-    adv = compute_advantages([(key, r) for key, r, _ in items], cfg.baseline, cfg.normalize_std, drop_below=cfg.drop_below)
+            items += [
+                ((chain.task_ids, k), r, traj)
+                for k, (traj, r) in enumerate(zip(chain.trajectories, rs, strict=True))
+            ]
+    adv = compute_advantages(
+        [(key, r) for key, r, _ in items], cfg.baseline, cfg.normalize_std, drop_below=cfg.drop_below
+    )
     return [
         Sample(key, traj, r, a)
         for (key, r, traj), a, keep in zip(items, adv.values, adv.keep, strict=True)
@@ -60,7 +67,11 @@ def to_samples(groups: Sequence[Sequence[Chain]], cfg: RolloutConfig) -> list[Sa
 
 
 async def rollout_batch(
-    runner: ChainRunner, suite: Suite, rng: random.Random, cfg: RolloutConfig, library: Library | None = None,
+    runner: ChainRunner,
+    suite: Suite,
+    rng: random.Random,
+    cfg: RolloutConfig,
+    library: Library | None = None,
     on_chain=None,
 ) -> list[list[Chain]]:
     """Sample B task sequences and run G chains of each, all concurrently (bounded)."""

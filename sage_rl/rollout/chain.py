@@ -49,7 +49,9 @@ class ChainRunner:
     retriever: Retriever
     step: int = 0  # training step, for skill provenance
 
-    async def run(self, tasks: Sequence[Task], library: Library, group_index: int = 0, chain_index: int = 0) -> Chain:
+    async def run(
+        self, tasks: Sequence[Task], library: Library, group_index: int = 0, chain_index: int = 0
+    ) -> Chain:
         library = library.copy()
         made_by: dict[str, int] = {}  # skill name -> chain position whose version is in the library
         history: list[tuple[Task, tuple[str, ...]]] = []
@@ -65,19 +67,29 @@ class ChainRunner:
                 library.add(skill)
                 made_by[skill.name] = k
             history.append((task, tuple(s.name for s in saved)))
-            trajectories.append(dataclasses.replace(traj, skills_used=tuple(sorted(used)), skills_saved=tuple(s.name for s in saved)))
+            trajectories.append(
+                dataclasses.replace(
+                    traj, skills_used=tuple(sorted(used)), skills_saved=tuple(s.name for s in saved)
+                )
+            )
         return Chain(group_index, chain_index, tuple(trajectories), tuple(used_from))
 
     def _visible(self, library: Library, task: Task, history) -> list[Skill]:
         if not self.skills.use_skills:
             return []
-        return self.retriever.retrieve(TaskContext(task.instruction, task.scenario_id, tuple(history)), library)
+        return self.retriever.retrieve(
+            TaskContext(task.instruction, task.scenario_id, tuple(history)), library
+        )
 
     async def _episode(self, task: Task, visible: list[Skill], chain_index: int) -> Trajectory:
         shown = Library.of(visible)
         text = shown.render(mode=self.skills.render, token_budget=self.skills.token_budget) if visible else ""
         spec = EpisodeSpec(task, self.prompts.messages(task.instruction, text), tuple(shown.preamble()))
-        params = self.params if self.params.seed is None else dataclasses.replace(self.params, seed=self.params.seed + chain_index)
+        params = (
+            self.params
+            if self.params.seed is None
+            else dataclasses.replace(self.params, seed=self.params.seed + chain_index)
+        )
         env = await self.suite.open()
         try:
             return await run_episode(self.policy, env, spec, self.agent, params)
@@ -98,15 +110,27 @@ class ChainRunner:
             return []
         cells = [(t.code, _result(t)) for t in traj.turns if t.code]
         origins = [cell_origin(i) for i, t in enumerate(traj.turns) if t.code]
-        prov = Provenance(task_id=traj.task.task_id, scenario_id=traj.task.scenario_id, policy=traj.policy, step=self.step)
-        return extract_skills(cells, policy=self.skills.save_policy, task_success=traj.outcome.success,
-                              provenance=prov, library=library, origins=origins)
+        prov = Provenance(
+            task_id=traj.task.task_id, scenario_id=traj.task.scenario_id, policy=traj.policy, step=self.step
+        )
+        return extract_skills(
+            cells,
+            policy=self.skills.save_policy,
+            task_success=traj.outcome.success,
+            provenance=prov,
+            library=library,
+            origins=origins,
+        )
 
 
 def _result(turn) -> ExecResult:
-    return ExecResult(turn.observation, turn.exec_ok, timed_out=turn.timed_out, calls=turn.calls, defined=turn.defined)
+    return ExecResult(
+        turn.observation, turn.exec_ok, timed_out=turn.timed_out, calls=turn.calls, defined=turn.defined
+    )
 
 
-async def run_group(runner: ChainRunner, tasks: Sequence[Task], library: Library, group_index: int, size: int) -> list[Chain]:
+async def run_group(
+    runner: ChainRunner, tasks: Sequence[Task], library: Library, group_index: int, size: int
+) -> list[Chain]:
     """G chains of the same task sequence, concurrently, each from its own copy of ``library``."""
     return list(await asyncio.gather(*(runner.run(tasks, library, group_index, i) for i in range(size))))

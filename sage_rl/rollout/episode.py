@@ -56,8 +56,11 @@ async def run_episode(
             stop = limit
             break
         request = PolicyRequest(
-            tuple(messages), tuple(ids) if renderer else None,
-            dataclasses.replace(params, max_tokens=room), spec.task, loaded,
+            tuple(messages),
+            tuple(ids) if renderer else None,
+            dataclasses.replace(params, max_tokens=room),
+            spec.task,
+            loaded,
         )
         t0 = time.perf_counter()
         try:
@@ -67,23 +70,36 @@ async def run_episode(
             break
         t1 = time.perf_counter()
         code = parse_reply(completion.text).code
-        result = await env.execute(code, cell_origin(step)) if code else ExecResult(NO_CODE_OBSERVATION, ok=False)
+        result = (
+            await env.execute(code, cell_origin(step)) if code else ExecResult(NO_CODE_OBSERVATION, ok=False)
+        )
         obs_ids = renderer.observation_ids(result.observation, completion.token_ids) if renderer else []
         ids += [*completion.token_ids, *obs_ids]
-        messages += [{"role": "assistant", "content": completion.text}, {"role": "user", "content": result.observation}]
+        messages += [
+            {"role": "assistant", "content": completion.text},
+            {"role": "user", "content": result.observation},
+        ]
         turns.append(_turn(completion, code, result, obs_ids, t1 - t0, time.perf_counter() - t1))
         if env.completed:
             stop = StopReason.COMPLETED
             break
     outcome = await env.evaluate()
     return Trajectory(
-        spec.task, prompt_ids, tuple(turns), outcome, stop,
-        library_in=tuple(n for n, _ in spec.preamble), library_dropped=dropped,
-        policy=policy.name, error=error,
+        spec.task,
+        prompt_ids,
+        tuple(turns),
+        outcome,
+        stop,
+        library_in=tuple(n for n, _ in spec.preamble),
+        library_dropped=dropped,
+        policy=policy.name,
+        error=error,
     )
 
 
-async def load_library(env: Environment, preamble: Sequence[tuple[str, str]]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+async def load_library(
+    env: Environment, preamble: Sequence[tuple[str, str]]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Execute each library skill's definition into the task's interpreter, in order.
 
     Returns (loaded, dropped): a skill whose definition fails is dropped (SAGE.md section 1).
@@ -113,8 +129,17 @@ def _renderer(policy: Policy) -> Any:
 
 def _turn(completion, code, result: ExecResult, obs_ids, policy_s: float, env_s: float) -> Turn:
     return Turn(
-        gen_ids=tuple(completion.token_ids), gen_logprobs=tuple(completion.logprobs), text=completion.text,
-        code=code, observation=result.observation, obs_ids=tuple(obs_ids), exec_ok=result.ok,
-        timed_out=result.timed_out, calls=result.calls, defined=result.defined,
-        completion_tokens=completion.completion_tokens, policy_s=policy_s, env_s=env_s,
+        gen_ids=tuple(completion.token_ids),
+        gen_logprobs=tuple(completion.logprobs),
+        text=completion.text,
+        code=code,
+        observation=result.observation,
+        obs_ids=tuple(obs_ids),
+        exec_ok=result.ok,
+        timed_out=result.timed_out,
+        calls=result.calls,
+        defined=result.defined,
+        completion_tokens=completion.completion_tokens,
+        policy_s=policy_s,
+        env_s=env_s,
     )

@@ -101,7 +101,9 @@ class PocketWorldSuite:
         """
         tpl = tasks.BY_NAME[template]
         if tpl.split != "train":
-            raise ValueError(f"worked examples must come from a train template, not {tpl.split!r} ({template})")
+            raise ValueError(
+                f"worked examples must come from a train template, not {tpl.split!r} ({template})"
+            )
         task = tasks.scenario_tasks(tpl, 1, 1)[0]
         return task.instruction, (tasks.reference_solution(task),)
 
