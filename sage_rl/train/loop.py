@@ -12,7 +12,6 @@ Task sampling uses a per-step seeded RNG, so ``--resume`` continues the same tas
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import random
 import time
@@ -65,10 +64,15 @@ def step_rng(seed: int, step: int) -> random.Random:
     return random.Random(f"{seed}:{step}")
 
 
-async def evaluate(cfg: TrainConfig, policy, suite, step: int) -> EvalMetrics:
-    tasks = [t for s in scenarios_of(suite.split(cfg.eval.split))[: cfg.eval.scenarios] for t in s]
+async def evaluate(cfg: TrainConfig, policy, suite, step: int, progress=None) -> EvalMetrics:
+    scenarios = scenarios_of(suite.split(cfg.eval.split))[: cfg.eval.scenarios]
+    tasks = [t for s in scenarios for t in s]
     runner = build_runner(cfg, policy, suite, step)
-    return compute_metrics(await evaluate_chains(runner, tasks, Library(), concurrency=len(tasks)))
+    job = (
+        progress.add_task(f"eval {cfg.eval.split} @ step {step}", total=len(scenarios)) if progress else None
+    )
+    on_done = (lambda _chain: progress.advance(job)) if progress else None
+    return compute_metrics(await evaluate_chains(runner, tasks, Library(), len(scenarios), on_done))
 
 
 async def train(cfg: TrainConfig, trainer, policy, logger, start: int, progress=None) -> TrainResult:
@@ -78,7 +82,9 @@ async def train(cfg: TrainConfig, trainer, policy, logger, start: int, progress=
 
     out = Path(cfg.out_dir)
     suite = build_suite(cfg)
-    before = await evaluate(cfg, policy, suite, start) if cfg.eval.before_after and start == 0 else None
+    before = (
+        await evaluate(cfg, policy, suite, start, progress) if cfg.eval.before_after and start == 0 else None
+    )
     if before is not None:
         logger.log(0, _eval_row(before))
     job = progress.add_task("SAGE steps", total=cfg.steps, completed=start) if progress else None
@@ -96,13 +102,13 @@ async def train(cfg: TrainConfig, trainer, policy, logger, start: int, progress=
         _write_rollouts(out / "rollouts" / f"step_{step + 1:06d}.jsonl", groups)
         row = {**batch_metrics(samples), **stats, "time/rollout_s": t1 - t0, "time/train_s": t2 - t1}
         if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.steps:
-            row.update(_eval_row(await evaluate(cfg, policy, suite, step + 1)))
+            row.update(_eval_row(await evaluate(cfg, policy, suite, step + 1, progress)))
         logger.log(step + 1, row)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             save_checkpoint(trainer, out, logger.offset(), keep_last=cfg.keep_last)
         if progress:
             progress.advance(job)
-    after = await evaluate(cfg, policy, suite, cfg.steps) if cfg.eval.before_after else None
+    after = await evaluate(cfg, policy, suite, cfg.steps, progress) if cfg.eval.before_after else None
     return TrainResult(cfg.steps, before, after, rollout_s, train_s)
 
 
@@ -125,6 +131,3 @@ def _write_rollouts(path: Path, groups) -> None:
             for c in chains:
                 f.write(dumps(c) + "\n")
 
-
-def run_sync(coro):
-    return asyncio.run(coro)
