@@ -69,7 +69,7 @@ def compute_metrics(chains: Sequence[Chain]) -> EvalMetrics:
         avg_tokens=_mean([t.num_generated_tokens for t in trajs]),
         no_code_turn_rate=_rate(sum(turn.code is None for turn in turns), len(turns)),
         no_code_task_rate=_rate(sum(not t.produced_code for t in trajs), len(trajs)),
-        completed_rate=_rate(stops["completed"], len(trajs)),
+        completed_rate=_rate(stops.get("completed", 0), len(trajs)),
         library_size=_mean([_library_size(c) for c in chains]),
         skills_generated=sum(len(t.skills_saved) for t in trajs),
         skills_used=len(
