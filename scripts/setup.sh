@@ -26,12 +26,6 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-# OS layers used by the sandbox when available (bubblewrap); optional: the sandbox falls back.
-if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  (apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; }) \
-    || echo "[setup] bubblewrap not installed (optional)"
-fi
-
 if [ "${SAGE_RL_SKIP_APPWORLD:-0}" != 1 ] && [ -f scripts/setup_appworld.sh ]; then
   bash scripts/setup_appworld.sh
 fi
