@@ -65,6 +65,15 @@ def test_step_limit_and_policy_error_are_data():
     assert traj.stop is StopReason.POLICY_ERROR and "server went away" in traj.error and len(traj.turns) == 1
 
 
+def test_environment_failure_is_data():
+    class BrokenEnv(FakeEnv):
+        async def execute(self, code, origin):
+            raise OSError("worker pipe closed")
+
+    traj, _ = _run(ScriptPolicy(["```python\nx = 1\n```"]), env=BrokenEnv())
+    assert traj.stop is StopReason.ENV_ERROR and "worker pipe closed" in traj.error and traj.turns == ()
+
+
 def test_token_budget_and_context_limit():
     traj, _ = _run(
         ScriptPolicy(["```python\nx = 1\n```"], tokens_per_reply=40),

@@ -70,9 +70,15 @@ async def run_episode(
             break
         t1 = time.perf_counter()
         code = parse_reply(completion.text).code
-        result = (
-            await env.execute(code, cell_origin(step)) if code else ExecResult(NO_CODE_OBSERVATION, ok=False)
-        )
+        try:
+            result = (
+                await env.execute(code, cell_origin(step))
+                if code
+                else ExecResult(NO_CODE_OBSERVATION, ok=False)
+            )
+        except Exception as e:  # the environment itself failed (agent-code errors come back as observations)
+            stop, error = StopReason.ENV_ERROR, f"{type(e).__name__}: {e}"
+            break
         obs_ids = renderer.observation_ids(result.observation, completion.token_ids) if renderer else []
         ids += [*completion.token_ids, *obs_ids]
         messages += [
