@@ -89,6 +89,27 @@ class App:
         return fn
 
 
+def add_auth_apis(app: App) -> None:
+    """Register the ``login`` and ``logout`` APIs that every app except supervisor/api_docs has.
+
+    They are ordinary API functions (signature + docstring), so their docs and validation are
+    generated like every other API's.
+    """
+
+    def login(
+        w: Any, username: Annotated[str, P("account email")], password: Annotated[str, P("account password")]
+    ) -> dict:
+        return w.login(app.name, username, password)
+
+    def logout(w: Any, access_token: Token) -> dict:
+        return w.logout(app.name, access_token)
+
+    login.__doc__ = f"""Log in to {app.name}. Returns: {{"access_token", "token_type", "expires_at"}}."""
+    logout.__doc__ = """Log out: the access token stops working. Returns: {"message"}."""
+    app.api(login)
+    app.api(logout)
+
+
 def _make_api(app: str, fn: Callable[..., Any]) -> Api:
     hints = typing.get_type_hints(fn, include_extras=True)
     sig = inspect.signature(fn)

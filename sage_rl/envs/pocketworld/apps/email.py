@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, page
+from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, add_auth_apis, page
 
 APP = App("email", "Email: inbox and sent mail; read, send, reply, forward, star, delete.")
+add_auth_apis(APP)
 A = "email"
 
 EmailId = Annotated[int, P("ID of the email", ge=1)]
@@ -36,20 +37,6 @@ def _send(w: Any, recipients: list[str], subject: str, body: str, reply_to: int 
         "body": body, "sent_at": w.now_iso(), "read": True, "starred": False, "deleted": False, "reply_to": reply_to,
     }  # fmt: skip
     return eid
-
-
-@APP.api
-def login(
-    w: Any, username: Annotated[str, P("account email")], password: Annotated[str, P("account password")]
-) -> dict:
-    """Log in to email. Returns: {"access_token", "token_type", "expires_at"}."""
-    return w.login(A, username, password)
-
-
-@APP.api
-def logout(w: Any, access_token: Token) -> dict:
-    """Log out: the access token stops working. Returns: {"message"}."""
-    return w.logout(A, access_token)
 
 
 @APP.api

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, page
+from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, add_auth_apis, page
 
 APP = App("files", "File system: browse directories, read, create, update, move, copy, delete files.")
+add_auth_apis(APP)
 A = "files"
 
 Path = Annotated[str, P("absolute path, e.g. '/documents/plan.txt'", min_len=2)]
@@ -45,20 +46,6 @@ def _new(w: Any, path: str, content: str, created_at: str) -> int:
 
 def _meta(f: dict) -> dict:
     return {k: f[k] for k in ("file_id", "path", "size", "created_at", "updated_at")}
-
-
-@APP.api
-def login(
-    w: Any, username: Annotated[str, P("account email")], password: Annotated[str, P("account password")]
-) -> dict:
-    """Log in to files. Returns: {"access_token", "token_type", "expires_at"}."""
-    return w.login(A, username, password)
-
-
-@APP.api
-def logout(w: Any, access_token: Token) -> dict:
-    """Log out: the access token stops working. Returns: {"message"}."""
-    return w.logout(A, access_token)
 
 
 @APP.api

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, page
+from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, add_auth_apis, page
 
 APP = App("music", "Music streaming: songs, artists, likes, 1-5 star ratings, playlists, play history.")
+add_auth_apis(APP)
 A = "music"
 
 SongId = Annotated[int, P("ID of the song", ge=1)]
@@ -32,20 +33,6 @@ def _summary(s: dict) -> dict:
 
 def _rows(w: Any, table: str, me: str) -> list[dict]:
     return [r for r in w.table(A, table).values() if r["user"] == me]
-
-
-@APP.api
-def login(
-    w: Any, username: Annotated[str, P("account email")], password: Annotated[str, P("account password")]
-) -> dict:
-    """Log in to music. Returns: {"access_token", "token_type", "expires_at"}."""
-    return w.login(A, username, password)
-
-
-@APP.api
-def logout(w: Any, access_token: Token) -> dict:
-    """Log out: the access token stops working. Returns: {"message"}."""
-    return w.logout(A, access_token)
 
 
 @APP.api

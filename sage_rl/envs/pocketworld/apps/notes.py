@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, page
+from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, add_auth_apis, page
 
 APP = App("notes", "Notes: titled text notes with tags; create, edit, pin, delete.")
+add_auth_apis(APP)
 A = "notes"
 
 NoteId = Annotated[int, P("ID of the note", ge=1)]
@@ -22,20 +23,6 @@ def _note(w: Any, me: str, note_id: int) -> dict:
 
 def _public(n: dict) -> dict:
     return {k: v for k, v in n.items() if k != "owner"}
-
-
-@APP.api
-def login(
-    w: Any, username: Annotated[str, P("account email")], password: Annotated[str, P("account password")]
-) -> dict:
-    """Log in to notes. Returns: {"access_token", "token_type", "expires_at"}."""
-    return w.login(A, username, password)
-
-
-@APP.api
-def logout(w: Any, access_token: Token) -> dict:
-    """Log out: the access token stops working. Returns: {"message"}."""
-    return w.logout(A, access_token)
 
 
 @APP.api

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, page
+from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, add_auth_apis, page
 
 APP = App("payments", "Venmo-like payments: balance, friends, sending money, payment requests.")
+add_auth_apis(APP)
 A = "payments"
 
 Amount = Annotated[float, P("amount in dollars", ge=0.01, le=10000)]
@@ -38,20 +39,6 @@ def _transfer(w: Any, sender: str, receiver: str, amount: float, description: st
         "created_at": w.now_iso(),
     }
     return tid
-
-
-@APP.api
-def login(
-    w: Any, username: Annotated[str, P("account email")], password: Annotated[str, P("account password")]
-) -> dict:
-    """Log in to payments. Returns: {"access_token", "token_type", "expires_at"}."""
-    return w.login(A, username, password)
-
-
-@APP.api
-def logout(w: Any, access_token: Token) -> dict:
-    """Log out: the access token stops working. Returns: {"message"}."""
-    return w.logout(A, access_token)
 
 
 @APP.api

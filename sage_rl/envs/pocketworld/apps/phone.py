@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, page
+from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, add_auth_apis, page
 
 APP = App("phone", "Phone: contacts with relationships and birthdays, text messages, alarms.")
+add_auth_apis(APP)
 A = "phone"
 
 RELATIONSHIPS = ("friend", "family", "coworker", "roommate")
@@ -31,20 +32,6 @@ def _check_time(time: str) -> None:
 
 def _public(c: dict) -> dict:
     return {k: v for k, v in c.items() if k != "owner"}
-
-
-@APP.api
-def login(
-    w: Any, username: Annotated[str, P("account email")], password: Annotated[str, P("account password")]
-) -> dict:
-    """Log in to phone. Returns: {"access_token", "token_type", "expires_at"}."""
-    return w.login(A, username, password)
-
-
-@APP.api
-def logout(w: Any, access_token: Token) -> dict:
-    """Log out: the access token stops working. Returns: {"message"}."""
-    return w.logout(A, access_token)
 
 
 @APP.api

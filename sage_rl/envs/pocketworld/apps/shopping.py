@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, page
+from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, add_auth_apis, page
 
 APP = App("shopping", "Online shop: search products, cart, checkout, orders, reviews, wishlist.")
+add_auth_apis(APP)
 A = "shopping"
 
 ProductId = Annotated[int, P("ID of the product", ge=1)]
@@ -26,20 +27,6 @@ def _order(w: Any, me: str, order_id: int) -> dict:
     if o["user"] != me:
         raise ApiError(404, f"shopping: no order with order_id {order_id}")
     return o
-
-
-@APP.api
-def login(
-    w: Any, username: Annotated[str, P("account email")], password: Annotated[str, P("account password")]
-) -> dict:
-    """Log in to shopping. Returns: {"access_token", "token_type", "expires_at"}."""
-    return w.login(A, username, password)
-
-
-@APP.api
-def logout(w: Any, access_token: Token) -> dict:
-    """Log out: the access token stops working. Returns: {"message"}."""
-    return w.logout(A, access_token)
 
 
 @APP.api

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, page
+from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, add_auth_apis, page
 
 APP = App("splitwise", "Shared expenses: groups, expenses split equally, balances, settlements.")
+add_auth_apis(APP)
 A = "splitwise"
 
 GroupId = Annotated[int, P("ID of the group", ge=1)]
@@ -36,20 +37,6 @@ def owed_between(w: Any, group_id: int, me: str, other: str) -> float:
         elif s["group_id"] == group_id and (s["payer"], s["payee"]) == (me, other):
             total += s["amount"]
     return round(total, 2)
-
-
-@APP.api
-def login(
-    w: Any, username: Annotated[str, P("account email")], password: Annotated[str, P("account password")]
-) -> dict:
-    """Log in to splitwise. Returns: {"access_token", "token_type", "expires_at"}."""
-    return w.login(A, username, password)
-
-
-@APP.api
-def logout(w: Any, access_token: Token) -> dict:
-    """Log out: the access token stops working. Returns: {"message"}."""
-    return w.logout(A, access_token)
 
 
 @APP.api

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, page
+from sage_rl.envs.pocketworld.api import ApiError, App, P, PageIndex, PageLimit, Token, add_auth_apis, page
 
 APP = App("todo", "To-do lists: lists of tasks with due dates and priorities; add, complete, delete.")
+add_auth_apis(APP)
 A = "todo"
 
 ListId = Annotated[int, P("ID of the to-do list", ge=1)]
@@ -31,20 +32,6 @@ def _check_date(d: str | None, param: str) -> None:
     parts = (d or "0000-00-00").split("-")
     if d is not None and not (len(parts) == 3 and all(p.isdigit() for p in parts) and len(d) == 10):
         raise ApiError(422, f"todo: parameter {param!r} must be YYYY-MM-DD, got {d!r}")
-
-
-@APP.api
-def login(
-    w: Any, username: Annotated[str, P("account email")], password: Annotated[str, P("account password")]
-) -> dict:
-    """Log in to todo. Returns: {"access_token", "token_type", "expires_at"}."""
-    return w.login(A, username, password)
-
-
-@APP.api
-def logout(w: Any, access_token: Token) -> dict:
-    """Log out: the access token stops working. Returns: {"message"}."""
-    return w.logout(A, access_token)
 
 
 @APP.api
