@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -54,7 +53,6 @@ def progress() -> Progress:
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         console=err,
-        disable=not sys.stderr.isatty() and False,
     )
 
 

@@ -27,14 +27,11 @@ def main(
     cfg = load_or_exit(TrainConfig, config, ctx.args, default="configs/quickstart.yaml")
     if cfg.policy.kind != "transformers":
         raise fail("the local trainer trains a transformers policy (policy.kind=transformers)", 2)
-    import torch
-
     from sage_rl.build import build_policy
     from sage_rl.models import load_model
     from sage_rl.train.checkpoint import open_run
     from sage_rl.train.trainer import Trainer
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     out = Path(cfg.out_dir)
     t0 = time.perf_counter()
     start_model = cfg.policy.model

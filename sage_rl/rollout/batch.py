@@ -72,7 +72,6 @@ async def rollout_batch(
     rng: random.Random,
     cfg: RolloutConfig,
     library: Library | None = None,
-    on_chain=None,
 ) -> list[list[Chain]]:
     """Sample B task sequences and run G chains of each, all concurrently (bounded)."""
     sequences = [suite.sample_chain(rng, cfg.chain_length, cfg.split) for _ in range(cfg.groups_per_step)]
@@ -81,11 +80,7 @@ async def rollout_batch(
 
     async def group(i: int, seq) -> list[Chain]:
         async with sem:
-            chains = await run_group(runner, seq, start, i, cfg.group_size)
-        if on_chain:
-            for c in chains:
-                on_chain(c)
-        return chains
+            return await run_group(runner, seq, start, i, cfg.group_size)
 
     groups = list(await asyncio.gather(*(group(i, s) for i, s in enumerate(sequences))))
     check_group_contract(groups)

@@ -130,4 +130,3 @@ def _write_rollouts(path: Path, groups) -> None:
         for chains in groups:
             for c in chains:
                 f.write(dumps(c) + "\n")
-
