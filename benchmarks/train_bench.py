@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from sage_rl.train.trainer import Trainer, TrainerConfig
-from sage_rl.types import Outcome, Sample, StopReason, Task, Trajectory, Turn
+from sage_rl.types import ExecResult, Outcome, Sample, StopReason, Task, Trajectory, Turn
 
 
 def make_batch(batch: int, prompt_len: int, gen_len: int, vocab: int, seed: int) -> list[dict[str, Any]]:
@@ -57,7 +57,11 @@ def as_samples(rows: list[dict[str, Any]]) -> list[Sample]:
     for i, r in enumerate(rows):
         task = Task(f"b_{i}", "b", 1, "", "train")
         turn = Turn(
-            gen_ids=tuple(r["gen"]), gen_logprobs=(0.0,) * len(r["gen"]), text="", code="x", observation=""
+            gen_ids=tuple(r["gen"]),
+            gen_logprobs=(0.0,) * len(r["gen"]),
+            text="",
+            code="x",
+            result=ExecResult("", True),
         )
         traj = Trajectory(task, tuple(r["prompt"]), (turn,), Outcome(0.0, False), StopReason.COMPLETED)
         out.append(Sample(((task.task_id,), 0), traj, 0.0, r["adv"]))

@@ -45,6 +45,8 @@ class Task:
     ``task_id`` is ``<scenario_id>_<n>`` for evaluation splits (AppWorld's convention);
     ``position`` is n, counted from 1. ``spec`` is environment-specific and JSON-able (for
     PocketWorld: the template name, seed and sampled parameters) - agent code never sees it.
+    ``context`` is what the agent IS meant to see besides the instruction (e.g. AppWorld's
+    supervisor and the task's date); the prompt renders it. Empty for PocketWorld.
     """
 
     task_id: str
@@ -56,6 +58,7 @@ class Task:
     difficulty: int = 1
     apps: tuple[str, ...] = ()
     spec: Mapping[str, Any] = field(default_factory=dict)
+    context: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Task:
@@ -89,6 +92,45 @@ class Outcome:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Outcome:
         return cls(d["score"], d["success"], tuple(CheckResult(**c) for c in d.get("checks", ())))
+
+
+# --------------------------------------------------------------------------------------------
+# Talking to a policy (the protocol itself is ``sage_rl.policies.base.Policy``)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_tokens: int = 1500  # per turn (SAGE.md section 1)
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class PolicyRequest:
+    """One turn's request.
+
+    Token-exact policies (transformers, vLLM completions) read ``prompt_ids``, the whole episode so
+    far. Text policies (chat APIs) read ``messages``. ``task_id`` names the task the episode plays
+    (for tracing, routing and recording; never its hidden ``spec``).
+    """
+
+    messages: tuple[Mapping[str, str], ...]
+    prompt_ids: tuple[int, ...] | None
+    params: SamplingParams = field(default_factory=SamplingParams)
+    task_id: str = ""
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    token_ids: tuple[int, ...] = ()  # exactly the sampled ids (empty for text-only backends)
+    logprobs: tuple[float, ...] = ()  # one per sampled id, under the sampling distribution
+    finish_reason: str = "stop"  # "stop" | "length"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,28 +217,29 @@ class StopReason(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Turn:
-    """One policy turn and the environment's answer.
+    """One policy turn and the environment's answer (``result``: what executing its code gave).
 
     Token layout of the episode: ``prompt_ids`` of the first turn is the rendered system+task
     prompt; each turn's ``obs_ids`` is the observation rendered as one new chat message (including
     the next generation prompt). The trained sequence is the concatenation
     ``prompt_ids(turn 0) + [gen_ids + obs_ids for each turn]`` and the loss mask is 1 exactly on
-    ``gen_ids`` (ARCHITECTURE.md, principle 3).
+    ``gen_ids`` (ARCHITECTURE.md, principle 3). A turn without code has ``code=None`` and a result
+    whose observation tells the agent so.
     """
 
     gen_ids: tuple[int, ...]
     gen_logprobs: tuple[float, ...]
     text: str
     code: str | None
-    observation: str
+    result: ExecResult
     obs_ids: tuple[int, ...] = ()
-    exec_ok: bool = True
-    timed_out: bool = False
-    calls: tuple[CallRecord, ...] | None = ()  # ExecResult.calls of this turn's cell
-    defined: tuple[str, ...] | None = ()  # ExecResult.defined of this turn's cell
     completion_tokens: int = 0  # as counted by the backend (equals len(gen_ids) when token-exact)
     policy_s: float = 0.0
     env_s: float = 0.0
+
+    @property
+    def observation(self) -> str:
+        return self.result.observation
 
     @property
     def num_tokens(self) -> int:
@@ -204,17 +247,28 @@ class Turn:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Turn:
-        calls, defined = d.get("calls"), d.get("defined")
+        """Reads both layouts: ``result`` (since issue 12) and the older flat one, whose
+        ``observation``, ``exec_ok``, ``timed_out``, ``calls`` and ``defined`` sat on the turn."""
+        d = dict(d)
+        if "result" in d:
+            result = ExecResult.from_dict(d.pop("result"))
+        else:
+            flat = {k: d.pop(k) for k in _FLAT_RESULT if k in d}
+            ok = flat.pop("exec_ok", True)
+            result = ExecResult.from_dict({"observation": "", **flat, "ok": ok})
         return cls(
             **{
                 **d,
+                "result": result,
                 "gen_ids": tuple(d["gen_ids"]),
                 "gen_logprobs": tuple(d["gen_logprobs"]),
                 "obs_ids": tuple(d.get("obs_ids", ())),
-                "calls": None if calls is None else tuple(CallRecord(**c) for c in calls),
-                "defined": None if defined is None else tuple(defined),
             }
         )
+
+
+#: Fields of ``ExecResult`` that turns written before issue 12 held themselves.
+_FLAT_RESULT = ("observation", "exec_ok", "timed_out", "calls", "defined")
 
 
 @dataclass(frozen=True)
@@ -226,8 +280,10 @@ class Trajectory:
     turns: tuple[Turn, ...]
     outcome: Outcome
     stop: StopReason
-    library_in: tuple[str, ...] = ()  # skill names available at the start
-    library_dropped: tuple[str, ...] = ()  # library skills whose definitions failed to execute
+    library_in: tuple[str, ...] = ()  # library skills retrieved for the task, loaded before it
+    #: skills of ``library_in`` whose definition failed to execute, and those depending on them:
+    #: left out of the prompt and dropped from the chain's library (SAGE.md section 1)
+    library_dropped: tuple[str, ...] = ()
     skills_saved: tuple[str, ...] = ()  # skills this episode contributed to the chain's library
     skills_used: tuple[str, ...] = ()  # library skills actually used (SAGE.md section 2)
     policy: str = ""
@@ -279,12 +335,15 @@ class Chain:
     """One sequential rollout (SAGE.md section 3): K tasks of one scenario, one growing library.
 
     ``used_from`` holds, per position k, the positions j < k whose skills task k used.
+    ``start_library`` is the (name, content hash) of each skill the chain started from, sorted:
+    the chains of a GRPO group must agree on it (``rollout.batch.check_group_contract``).
     """
 
     group_index: int
     chain_index: int
     trajectories: tuple[Trajectory, ...]
     used_from: tuple[tuple[int, ...], ...] = ()
+    start_library: tuple[tuple[str, str], ...] = ()
 
     @property
     def task_ids(self) -> tuple[str, ...]:
@@ -297,6 +356,7 @@ class Chain:
             chain_index=d["chain_index"],
             trajectories=tuple(Trajectory.from_dict(t) for t in d["trajectories"]),
             used_from=tuple(tuple(u) for u in d.get("used_from", ())),
+            start_library=tuple((n, h) for n, h in d.get("start_library", ())),
         )
 
 

@@ -1,13 +1,19 @@
 import pytest
 
 from sage_rl.eval.metrics import compute_metrics
-from sage_rl.types import Chain, CheckResult, Outcome, StopReason, Task, Trajectory, Turn
+from sage_rl.types import Chain, CheckResult, ExecResult, Outcome, StopReason, Task, Trajectory, Turn
 
 
 def _t(scn, pos, success, used=(), saved=(), code=True, difficulty=1, ntok=10, steps=2, lib_in=()):
     task = Task(f"{scn}_{pos}", scn, pos, "x", "dev", difficulty=difficulty)
     turns = tuple(
-        Turn(tuple(range(ntok // steps)), (0.0,) * (ntok // steps), "t", "c" if code else None, "o")
+        Turn(
+            tuple(range(ntok // steps)),
+            (0.0,) * (ntok // steps),
+            "t",
+            "c" if code else None,
+            ExecResult("o", True),
+        )
         for _ in range(steps)
     )
     checks = (CheckResult("a", True), CheckResult("b", success))

@@ -23,7 +23,7 @@ from sage_rl.data.records import (
     read_jsonl,
     write_jsonl,
 )
-from sage_rl.types import Outcome, StopReason, Task, Trajectory, Turn
+from sage_rl.types import ExecResult, Outcome, StopReason, Task, Trajectory, Turn
 
 
 def example(i: int = 0, trailing_obs: bool = False, temperature: float | None = 0.7) -> ChatExample:
@@ -94,7 +94,7 @@ def test_jsonl_errors_name_the_line(tmp_path):
 def trajectory(codes: list[str | None]) -> Trajectory:
     task = Task("sc7_2", "sc7", 2, "Do it.", "train")
     turns = tuple(
-        Turn((1,), (0.0,), text=f"turn {i} {c or 'no code'}", code=c, observation=f"obs {i}")
+        Turn((1,), (0.0,), text=f"turn {i} {c or 'no code'}", code=c, result=ExecResult(f"obs {i}", True))
         for i, c in enumerate(codes)
     )
     return Trajectory(
