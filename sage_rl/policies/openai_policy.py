@@ -3,7 +3,7 @@
 Two modes:
 
 - ``chat`` (default): ``POST {base_url}/chat/completions`` with the request's ``messages``. Works
-  with any server. ``policy.tokenizer`` is None, so the agent loop keeps text only.
+  with any server. ``policy.renderer`` is None, so the agent loop keeps text only.
 - ``completions``: ``POST {base_url}/completions`` with ``prompt`` = the request's token ids, for
   token-exact rollouts against vLLM. Needs the served model's tokenizer (the agent loop renders
   prompts and observations with it, as with the local transformers policy).
@@ -81,7 +81,8 @@ class OpenAIPolicy:
         self.params, self.max_concurrency, self.timeout_s = params, max_concurrency, timeout_s
         self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, backoff_s, max_backoff_s
         self.tokenizer = tokenizer if mode == "completions" else None
-        self._stop_ids = _stop_ids(tokenizer) if mode == "completions" else ()
+        self.renderer = _renderer(tokenizer) if mode == "completions" else None
+        self._stop_ids = self.renderer.stop_ids if self.renderer is not None else ()
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.name = name or f"openai:{model}"
         self.extras = True  # send logprobs / token-id options until the server refuses them
@@ -254,10 +255,10 @@ def _tokens(choice: Mapping[str, Any], mode: str) -> tuple[tuple[int, ...], tupl
     return (), ()  # logprobs without ids cannot be tied to tokens we could train on
 
 
-def _stop_ids(tokenizer: Any) -> tuple[int, ...]:
+def _renderer(tokenizer: Any) -> Any:
     from sage_rl.agent.render import ChatRenderer
 
-    return ChatRenderer(tokenizer).stop_ids
+    return ChatRenderer(tokenizer)
 
 
 def _detail(response: httpx.Response) -> str:

@@ -81,6 +81,7 @@ class TransformersPolicy:
         self.model, self.tokenizer, self.params = model, tokenizer, params
         self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
         self._renderer = ChatRenderer(tokenizer)
+        self.renderer = self._renderer  # Policy.renderer: the agent loop renders with this same one
         self.stop_ids = tuple(stop_ids) if stop_ids is not None else self._renderer.stop_ids
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         self.name = name or f"transformers:{getattr(model.config, 'name_or_path', '') or 'model'}"

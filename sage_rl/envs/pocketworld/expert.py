@@ -6,6 +6,11 @@ only calls them when the library already holds them (Use), then completes the ta
 of truth is each template's reference skill (``Template.full_skill_source`` and
 ``call_code(params)``), so its trajectories solve the task through public APIs only.
 
+What it knows comes from PocketWorld and from what any policy sees: the task is looked up by the
+request's ``task_id`` in PocketWorld's own task registry (the hidden ``spec`` never travels in a
+request), and the library is the one the prompt lists in its "# Skill library" section, exactly
+the skills that loaded into the task's interpreter.
+
 Seeded variation keeps expert data from being one string repeated: the skill names (one choice
 per scenario, so a chain's tasks agree), the number and choice of doc lookups, and whether the
 answer is computed and submitted in one cell or two. ``fail_rate`` makes it give up on some
@@ -17,11 +22,12 @@ from __future__ import annotations
 import ast
 import random
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sage_rl.envs.pocketworld.scenarios.base import COMMON_NAMES, stable_seed
-from sage_rl.envs.pocketworld.tasks import template_of
-from sage_rl.policies.base import Completion, PolicyRequest
+from sage_rl.envs.pocketworld.tasks import task_by_id, template_of
+from sage_rl.types import Completion, PolicyRequest
 
 #: Interchangeable leading verbs for seeded renaming of skills.
 _VERBS = ("get", "fetch", "find", "list", "collect")
@@ -30,12 +36,14 @@ _COMMON_VARIANTS = {
     "fetch_all": ("fetch_all", "collect_pages", "all_pages"),
 }
 _API_REF = re.compile(r"apis\.(\w+)\.(\w+)\(")
+_LIBRARY_HEADER = "# Skill library"
+_DEF = re.compile(r"^def (\w+)\(", re.MULTILINE)
 
 
 class ScriptedExpert:
-    """``Policy`` for PocketWorld tasks. Reads ``request.task`` and ``request.library`` only."""
+    """``Policy`` for PocketWorld tasks: reads ``request.task_id`` and the prompt's library."""
 
-    tokenizer = None
+    renderer = None
 
     def __init__(self, seed: int = 0, fail_rate: float = 0.0, token_counter: Any = None) -> None:
         self.seed, self.fail_rate = seed, fail_rate
@@ -43,9 +51,11 @@ class ScriptedExpert:
         self._count = token_counter  # optional callable text -> tokens, for honest token metrics
 
     async def generate(self, request: PolicyRequest) -> Completion:
-        if request.task is None:
-            raise ValueError("ScriptedExpert needs request.task (it only plays PocketWorld tasks)")
-        cells = self.plan(request.task, request.library)
+        try:
+            task = task_by_id(request.task_id)
+        except KeyError as e:
+            raise ValueError(f"ScriptedExpert plays PocketWorld tasks only: {e.args[0]}") from None
+        cells = self.plan(task, library_names(request.messages))
         turn = sum(m["role"] == "assistant" for m in request.messages)
         code = cells[min(turn, len(cells) - 1)]
         text = f"```python\n{code.rstrip()}\n```"
@@ -85,6 +95,14 @@ class ScriptedExpert:
             app, api = rng.choice(apis)
             cells.append(f"print(apis.api_docs.show_api_doc(app_name={app!r}, api_name={api!r}))")
         return cells
+
+
+def library_names(messages: Sequence[Mapping[str, str]]) -> tuple[str, ...]:
+    """The skills the prompt's library section lists (the functions defined at its top level)."""
+    opening = next((m["content"] for m in messages if m["role"] == "user"), "")
+    _, found, rest = opening.partition(_LIBRARY_HEADER)
+    section = rest.split("\n# ", 1)[0] if found else ""
+    return tuple(_DEF.findall(section))
 
 
 def _source_of(template, names: list[str]) -> str:
@@ -133,4 +151,4 @@ def _answer_expr(call: str) -> str | None:
     return ast.unparse(kws["answer"]) if set(kws) == {"answer"} else None
 
 
-__all__ = ["ScriptedExpert", "COMMON_NAMES"]
+__all__ = ["ScriptedExpert", "COMMON_NAMES", "library_names"]
