@@ -13,13 +13,15 @@ the sandboxed PocketWorld's (target: >= 10 for reset and cell overhead). ``--no-
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from sage_rl.envs.pocketworld import tasks
 from sage_rl.envs.pocketworld.env import PocketWorldEnv
+from sage_rl.envs.pocketworld.executor import IN_PROCESS, Executors
 from sage_rl.envs.pocketworld.generator import build_world
 
 TASK_ID = "music_follow_playlist_artists_1"
@@ -38,22 +40,33 @@ def _times(fn: Callable[[], object], repeats: int) -> list[float]:
     return times
 
 
+async def _atimes(fn: Callable[[], Awaitable[object]], repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        await fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def _cell(n_calls: int) -> str:
     if n_calls == 0:
         return "x = 1\n"
     return f"for i in range({n_calls}):\n    apis.music.show_song(access_token=token, song_id=1 + i % 60)\n"
 
 
-def _measure(env: PocketWorldEnv, n: int) -> dict[str, list[float]]:
+async def _measure(executors: Executors, n: int) -> dict[str, list[float]]:
     task = tasks.task_by_id(TASK_ID)
+    env = PocketWorldEnv(executors)
     timings = {"world_build": _times(lambda: build_world(int(task.spec["seed"])), n)}
-    timings["task_reset"] = _times(lambda: env.reset_sync(task), n)
-    env.execute_sync(LOGIN, "<cell-0>")
+    timings["task_reset"] = await _atimes(lambda: env.reset(task), n)
+    await env.execute(LOGIN, "<cell-0>")
     for k in (0, 10, 100):
-        timings[f"cell_{k}_calls"] = _times(lambda k=k: env.execute_sync(_cell(k), "<cell-1>"), n)
-    env.reset_sync(task)
-    env.execute_sync(tasks.reference_solution(task), "<cell-1>")
-    timings["evaluate"] = _times(env.evaluate_sync, n)
+        timings[f"cell_{k}_calls"] = await _atimes(lambda k=k: env.execute(_cell(k), "<cell-1>"), n)
+    await env.reset(task)
+    await env.execute(tasks.reference_solution(task), "<cell-1>")
+    timings["evaluate"] = await _atimes(env.evaluate, n)
+    await env.close()
     return timings
 
 
@@ -90,12 +103,14 @@ def main() -> None:
     parser.add_argument("--appworld-repeats", type=int, default=5)
     parser.add_argument("--no-appworld", action="store_true")
     args = parser.parse_args()
-    from sage_rl.envs.pocketworld.sandboxed import executor_factory
+    from sage_rl.envs.pocketworld.sandboxed import SandboxExecutors
+    from sage_rl.sandbox import Sandbox
 
     out: dict[str, object] = {"task": TASK_ID, "repeats": args.repeats}
-    sandboxed = _summary(_measure(PocketWorldEnv(executor_factory()), args.repeats))
+    with Sandbox() as sandbox:
+        sandboxed = _summary(asyncio.run(_measure(SandboxExecutors(sandbox), args.repeats)))
     out["pocketworld_sandbox"] = sandboxed
-    out["pocketworld_in_process"] = _summary(_measure(PocketWorldEnv(), args.repeats))
+    out["pocketworld_in_process"] = _summary(asyncio.run(_measure(IN_PROCESS, args.repeats)))
     aw, why = (None, "skipped (--no-appworld)") if args.no_appworld else _appworld(args.appworld_repeats)
     out["appworld"], out["appworld_reason"] = aw, why
     if aw is not None:

@@ -21,13 +21,14 @@ import torch
 
 from sage_rl.agent.prompts import PromptBuilder
 from sage_rl.envs.pocketworld.env import PocketWorldSuite
-from sage_rl.envs.pocketworld.sandboxed import executor_factory
+from sage_rl.envs.pocketworld.sandboxed import SandboxExecutors
 from sage_rl.eval.runner import evaluate_chains, scenarios_of
 from sage_rl.models import load_model, tiny_model
 from sage_rl.policies.base import SamplingParams
 from sage_rl.policies.transformers_policy import TransformersPolicy
 from sage_rl.rollout.chain import ChainRunner, SkillsConfig
 from sage_rl.rollout.episode import AgentConfig
+from sage_rl.sandbox import Sandbox
 from sage_rl.skills.library import Library
 from sage_rl.skills.retrieval import RetrievalConfig, make_retriever
 
@@ -63,21 +64,21 @@ def main() -> None:
     forward = Timed(model, "forward")
     policy = TransformersPolicy(model, tok, max_batch=args.scenarios)
     busy = Timed(policy, "_advance")
-    suite = PocketWorldSuite(executor_factory())
-    runner = ChainRunner(
-        policy,
-        suite,
-        PromptBuilder(),
-        AgentConfig(max_steps=args.max_steps, max_tokens_per_turn=args.max_tokens),
-        SkillsConfig(),
-        SamplingParams(temperature=1.0, seed=0),
-        make_retriever(RetrievalConfig()),
-    )
-    tasks = [t for s in scenarios_of(suite.split(args.split))[: args.scenarios] for t in s]
-    asyncio.run(_warm(suite))
-    t0 = time.perf_counter()
-    chains = asyncio.run(evaluate_chains(runner, tasks, Library(), concurrency=args.scenarios))
-    wall = time.perf_counter() - t0
+    with Sandbox() as sandbox:  # started before timing (a one-off cost per process)
+        suite = PocketWorldSuite(SandboxExecutors(sandbox))
+        runner = ChainRunner(
+            policy,
+            suite,
+            PromptBuilder(),
+            AgentConfig(max_steps=args.max_steps, max_tokens_per_turn=args.max_tokens),
+            SkillsConfig(),
+            SamplingParams(temperature=1.0, seed=0),
+            make_retriever(RetrievalConfig()),
+        )
+        tasks = [t for s in scenarios_of(suite.split(args.split))[: args.scenarios] for t in s]
+        t0 = time.perf_counter()
+        chains = asyncio.run(evaluate_chains(runner, tasks, Library(), concurrency=args.scenarios))
+        wall = time.perf_counter() - t0
     turns = [turn for c in chains for t in c.trajectories for turn in t.turns]
     print(
         json.dumps(
@@ -99,13 +100,6 @@ def main() -> None:
             indent=2,
         )
     )
-
-
-async def _warm(suite) -> None:
-    """Start the sandbox template before timing (a one-off cost per process)."""
-    env = await suite.open()
-    await env.reset(suite.split("dev")[0])
-    await env.close()
 
 
 if __name__ == "__main__":

@@ -12,6 +12,11 @@ API round trip < 150 us).
 - worker_peak_rss_mb / worker_pss_mb: VmHWM and proportional set size of a worker after the cells
   (PSS splits pages shared with the template, so it is the memory each extra worker costs);
 - tracking_overhead_ns_per_call: extra time of one call of an agent function (call records);
+- env_empty_cell_ms / env_cell_10_api_calls_ms: the same cells through ``PocketWorldEnv.execute``
+  (what the agent loop awaits; includes the world's dispatch and the environment's own work);
+- episode_ms: one whole PocketWorld episode through the sandbox, as a chain runs it: open, reset,
+  the reference solution of a task (one cell, about a dozen API calls), evaluate, close;
+- episodes_x4_ms: four such episodes at once on one event loop (the wall time of all four);
 - socketpair_floor_us and load_avg_1m: a bare two-process ping-pong and the load, for context.
 """
 
@@ -25,7 +30,12 @@ import socket
 import statistics
 import time
 
+from sage_rl.envs.pocketworld import tasks
+from sage_rl.envs.pocketworld.env import PocketWorldEnv
+from sage_rl.envs.pocketworld.sandboxed import SandboxExecutors
 from sage_rl.sandbox import Sandbox, SandboxLimits
+
+EPISODE_TASK = "music_follow_playlist_artists_1"
 
 # Per-call times inside the worker: the round trip as agent code sees it (median and mean, in us).
 API_LOOP = (
@@ -134,13 +144,76 @@ async def measure(sandbox: Sandbox, reps: int) -> dict[str, float]:
     }
 
 
+def pocket_env(sandbox: Sandbox) -> PocketWorldEnv:
+    """A PocketWorld environment whose cells run in ``sandbox``."""
+    return PocketWorldEnv(SandboxExecutors(sandbox))
+
+
+async def episode(sandbox: Sandbox) -> float:
+    """Seconds for one episode: reset, the task's reference solution, evaluate, close."""
+    task = tasks.task_by_id(EPISODE_TASK)
+    t = time.perf_counter()
+    env = pocket_env(sandbox)
+    await env.reset(task)
+    await env.execute(tasks.reference_solution(task), "<cell-0>")
+    outcome = await env.evaluate()
+    await env.close()
+    assert outcome.success
+    return time.perf_counter() - t
+
+
+async def env_cells_ms(sandbox: Sandbox, reps: int) -> tuple[float, float]:
+    """Median ms of an empty cell and of a cell with 10 API calls, through ``PocketWorldEnv``."""
+    env = pocket_env(sandbox)
+    await env.reset(tasks.task_by_id(EPISODE_TASK))
+    await env.execute("pass", "<cell-0>")
+    empty, ten = [], []
+    for i in range(reps):
+        t = time.perf_counter()
+        await env.execute("pass", f"<cell-{i + 1}>")
+        empty.append((time.perf_counter() - t) * 1e3)
+        t = time.perf_counter()
+        await env.execute("for _ in range(10):\n    apis.supervisor.show_profile()", f"<cell-{i + 1}>")
+        ten.append((time.perf_counter() - t) * 1e3)
+    await env.close()
+    return statistics.median(empty), statistics.median(ten)
+
+
+async def measure_episodes(sandbox: Sandbox, reps: int) -> dict[str, float]:
+    empty, ten = await env_cells_ms(sandbox, 20)
+    await episode(sandbox)  # warm
+    one, four = [], []
+    for _ in range(reps):
+        await settle(sandbox)
+        one.append(await episode(sandbox) * 1e3)
+        await settle(sandbox)
+        t = time.perf_counter()
+        await asyncio.gather(*(episode(sandbox) for _ in range(4)))
+        four.append((time.perf_counter() - t) * 1e3)
+    med = statistics.median
+    return {
+        "env_empty_cell_ms": round(empty, 3),
+        "env_cell_10_api_calls_ms": round(ten, 3),
+        "episode_ms": round(med(one), 2),
+        "episodes_x4_ms": round(med(four), 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--episodes-only", action="store_true", help="only the PocketWorld episode figures")
     args = parser.parse_args()
+    if args.episodes_only:
+        with Sandbox(SandboxLimits()) as sandbox:
+            result = asyncio.run(measure_episodes(sandbox, args.reps))
+        result["load_avg_1m"] = os.getloadavg()[0]
+        print(json.dumps(result))
+        return
     t = time.perf_counter()
     with Sandbox(SandboxLimits()) as sandbox:
         result = asyncio.run(measure(sandbox, args.reps))
+        result |= asyncio.run(measure_episodes(sandbox, args.reps))
         assert sandbox.isolation is not None
         result["isolation"] = sandbox.isolation.level
     result["acquire_cold_ms"] = round(asyncio.run(cold_acquire_ms(max(5, args.reps // 2))), 3)

@@ -67,7 +67,7 @@ def suite(world: AppWorldPaths):
     """One suite (one AppWorld zygote) for the environment tests; short cell limits."""
     s = AppWorldSuite(_config(world, cell_timeout_s=3, kill_grace_s=3))
     yield s
-    s.close()
+    asyncio.run(s.close())
 
 
 def _alive(pid: int) -> bool:
@@ -211,7 +211,7 @@ class _ScriptedReplies:
     """A text policy replying with fixed code per (task, step); records the prompts it saw."""
 
     name = "scripted-replies"
-    tokenizer = None
+    renderer = None
 
     def __init__(self, replies: dict[str, list[str]]) -> None:
         self.replies = replies
@@ -220,7 +220,7 @@ class _ScriptedReplies:
     async def generate(self, request):
         from sage_rl.policies.base import Completion
 
-        task_id = request.task.task_id
+        task_id = request.task_id
         self.prompts.setdefault(task_id, request.messages[1]["content"])
         step = sum(m["role"] == "assistant" for m in request.messages)
         return Completion(text=f"```python\n{self.replies[task_id][step]}\n```")

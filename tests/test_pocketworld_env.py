@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import random
 
+from pocket import SyncEnv
+
 from sage_rl.envs.base import Environment, Suite
 from sage_rl.envs.pocketworld import tasks
-from sage_rl.envs.pocketworld.env import PocketWorldEnv, PocketWorldSuite
+from sage_rl.envs.pocketworld.env import PocketWorldSuite
 
 
-def _env(task_id: str = "notes_pin_tag_1") -> PocketWorldEnv:
-    env = PocketWorldEnv()
-    env.reset_sync(tasks.task_by_id(task_id))
+def _env(task_id: str = "notes_pin_tag_1") -> SyncEnv:
+    env = SyncEnv()
+    env.reset(tasks.task_by_id(task_id))
     return env
 
 
@@ -38,15 +40,15 @@ def test_protocols_and_async_episode():
 
 def test_namespace_persists_and_holds_only_apis():
     env = _env()
-    r = env.execute_sync("print(sorted(k for k in globals() if not k.startswith('__')))\nx = 41", "<cell-1>")
+    r = env.execute("print(sorted(k for k in globals() if not k.startswith('__')))\nx = 41", "<cell-1>")
     assert r.observation == "['apis']\n" and r.ok
-    assert env.execute_sync("print(x + 1)", "<cell-2>").observation == "42\n"
+    assert env.execute("print(x + 1)", "<cell-2>").observation == "42\n"
 
 
 def test_api_error_traceback_is_trimmed_to_agent_frames():
     env = _env()
     code = "def show(n):\n    return apis.notes.show_note(access_token='bad', note_id=n)\n\nshow(1)\n"
-    r = env.execute_sync(code, "<cell-3>")
+    r = env.execute(code, "<cell-3>")
     assert not r.ok and not r.completed
     assert 'File "<cell-3>", line 4, in <module>' in r.observation
     assert 'File "<cell-3>", line 2, in show' in r.observation
@@ -57,32 +59,32 @@ def test_api_error_traceback_is_trimmed_to_agent_frames():
 
 def test_syntax_error_positional_args_and_reset_isolation():
     env = _env()
-    assert "SyntaxError" in env.execute_sync("def f(:\n", "<cell-1>").observation
-    r = env.execute_sync("apis.supervisor.show_profile(1)", "<cell-2>")
+    assert "SyntaxError" in env.execute("def f(:\n", "<cell-1>").observation
+    r = env.execute("apis.supervisor.show_profile(1)", "<cell-2>")
     assert "keyword arguments only" in r.observation
-    env.execute_sync("y = 1", "<cell-3>")
-    env.reset_sync(tasks.task_by_id("notes_pin_tag_2"))
-    assert "NameError" in env.execute_sync("print(y)", "<cell-1>").observation
+    env.execute("y = 1", "<cell-3>")
+    env.reset(tasks.task_by_id("notes_pin_tag_2"))
+    assert "NameError" in env.execute("print(y)", "<cell-1>").observation
 
 
 def test_agent_cannot_change_state_except_through_apis():
     env = _env()
-    r = env.execute_sync("apis.world = 1", "<cell-1>")
+    r = env.execute("apis.world = 1", "<cell-1>")
     assert "read-only" in r.observation
-    before = env.evaluate_sync()
-    env.execute_sync("p = apis.supervisor.show_profile(); p['email'] = 'x'", "<cell-2>")
-    assert env.evaluate_sync() == before
+    before = env.evaluate()
+    env.execute("p = apis.supervisor.show_profile(); p['email'] = 'x'", "<cell-2>")
+    assert env.evaluate() == before
 
 
 def test_call_records_count_agent_functions_and_their_errors():
     env = _env()
-    env.execute_sync("def lib(n):\n    if n < 0:\n        raise ValueError(n)\n    return n\n", "<skill:lib>")
+    env.execute("def lib(n):\n    if n < 0:\n        raise ValueError(n)\n    return n\n", "<skill:lib>")
     code = (
         "def twice(n):\n    return lib(n) + lib(n)\n\n"
         "def safe(n):\n    try:\n        return lib(n)\n    except ValueError:\n        return 0\n\n"
         "twice(1)\nsafe(-1)\n[lib(i) for i in range(3)]\ntwice(-1)\n"
     )
-    r = env.execute_sync(code, "<cell-2>")
+    r = env.execute(code, "<cell-2>")
     assert not r.ok and "ValueError: -1" in r.observation
     got = {(c.name, c.origin): (c.calls, c.errors) for c in r.calls}
     # lib: 2 (twice(1)) + 1 (safe) + 3 (comprehension) + 1 (twice(-1), raises) = 7 calls, 2 raised
@@ -96,9 +98,9 @@ def test_call_records_count_agent_functions_and_their_errors():
 
 def test_defined_reports_redefinitions_but_not_untouched_functions():
     env = _env()
-    assert env.execute_sync("def f():\n    return 1\n\ndef g():\n    return 2\n", "<cell-1>").defined == (
+    assert env.execute("def f():\n    return 1\n\ndef g():\n    return 2\n", "<cell-1>").defined == (
         "f",
         "g",
     )
-    assert env.execute_sync("def f():\n    return 3\n", "<cell-2>").defined == ("f",)
-    assert env.execute_sync("print(f() + g())", "<cell-3>").defined == ()
+    assert env.execute("def f():\n    return 3\n", "<cell-2>").defined == ("f",)
+    assert env.execute("print(f() + g())", "<cell-3>").defined == ()

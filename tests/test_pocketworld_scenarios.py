@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from pocket import SyncEnv
 
 from sage_rl.envs.pocketworld import tasks
-from sage_rl.envs.pocketworld.env import PocketWorldEnv
 from sage_rl.envs.pocketworld.generator import build_world
 from sage_rl.envs.pocketworld.scenarios import TEMPLATES, templates
 from sage_rl.envs.pocketworld.scenarios.base import SPLITS
@@ -22,13 +22,13 @@ EVAL_SPLITS = ("dev", "test_normal", "test_challenge")
 
 
 def _run(task: Task, *cells: str) -> tuple[Outcome, bool]:
-    env = PocketWorldEnv()
-    env.reset_sync(task)
+    env = SyncEnv()
+    env.reset(task)
     result = None
     for i, code in enumerate(cells, start=1):
-        result = env.execute_sync(code, f"<cell-{i}>")
+        result = env.execute(code, f"<cell-{i}>")
         assert result.ok, f"{task.task_id}: {result.observation}"
-    return env.evaluate_sync(), bool(result and result.completed)
+    return env.evaluate(), bool(result and result.completed)
 
 
 def test_template_inventory_and_split_rules():
@@ -72,12 +72,12 @@ def test_skill_defined_once_solves_the_other_tasks_of_the_scenario():
     """The scripted expert's pattern: define the skills (as a library would), then only call them."""
     for template in TEMPLATES:
         task = tasks.scenario_tasks(template, 0 if template.split != "train" else 5, length=2)[1]
-        env = PocketWorldEnv()
-        env.reset_sync(task)
-        lib = env.execute_sync(template.full_skill_source, skill_origin(template.skill_names[-1]))
+        env = SyncEnv()
+        env.reset(task)
+        lib = env.execute(template.full_skill_source, skill_origin(template.skill_names[-1]))
         assert lib.ok and set(template.all_skill_names) <= set(lib.defined), template.name
-        result = env.execute_sync(template.call_code(task.spec["params"]), "<cell-1>")
-        assert result.ok and env.evaluate_sync().success, (task.task_id, result.observation)
+        result = env.execute(template.call_code(task.spec["params"]), "<cell-1>")
+        assert result.ok and env.evaluate().success, (task.task_id, result.observation)
         used = {c.name for c in result.calls if c.from_library}
         assert template.skill_names[-1] in used, (template.name, result.calls)
 

@@ -293,24 +293,49 @@ def test_layers_fall_back_when_missing(monkeypatch, tmp_path):
     assert "missing:" in rep.line() and "AS" in rep.rlimits
 
 
-def test_sync_session_works_inside_a_running_loop(sandbox):
-    from sage_rl.sandbox import SyncSession
+def test_pocketworld_episodes_await_sessions_directly_on_one_loop(sandbox):
+    """One async path: a cell goes from the environment to the sandbox session without a thread
+    hop, and the world's dispatch runs on the event loop's own thread, so concurrent episodes
+    never touch a world from two threads."""
+    import threading
 
-    world = FakeWorld()
+    from sage_rl.envs.pocketworld import tasks
+    from sage_rl.envs.pocketworld.env import PocketWorldEnv
+    from sage_rl.envs.pocketworld.sandboxed import SandboxExecutors
 
-    async def inside_a_loop():
-        s = SyncSession.factory(sandbox)(world.dispatch)
-        try:
-            a = s.execute("v = apis.bank.deposit(amount=50)\nprint(v)", "<cell-0>")
-            s.reset()
-            b = s.execute("print('v' in globals())", "<cell-0>")
-        finally:
-            s.close()
-        return a, b
+    class Watched:
+        """Executors that note the thread each dispatch runs on."""
 
-    a, b = asyncio.run(inside_a_loop())
-    assert a.observation == "{'balance': 150}\n" and b.observation == "False\n" and world.balance == 150
-    assert SyncSession.reports_calls and SyncSession.factory(sandbox).reports_calls
+        reports_calls = True
+
+        def __init__(self):
+            self.threads = set()
+
+        async def open(self, dispatch):
+            def watched(app, api, kwargs):
+                self.threads.add(threading.get_ident())
+                return dispatch(app, api, kwargs)
+
+            return await SandboxExecutors(sandbox).open(watched)
+
+    executors = Watched()
+
+    async def episode(task):
+        env = PocketWorldEnv(executors)
+        await env.reset(task)
+        r = await env.execute(tasks.reference_solution(task), "<cell-0>")
+        outcome = await env.evaluate()
+        await env.close()
+        return r, outcome
+
+    async def both():
+        ts = tasks.split_tasks("dev")[:2]
+        return threading.get_ident(), await asyncio.gather(*(episode(t) for t in ts))
+
+    loop_thread, results = asyncio.run(both())
+    assert all(r.ok and r.completed and o.success for r, o in results)
+    assert all(r.calls for r, _ in results)  # call records came back through the session
+    assert executors.threads == {loop_thread}
 
 
 def test_network_namespace_without_root():

@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from pocket import SyncEnv
 
-from sage_rl.envs.pocketworld.env import PocketWorldEnv
 from sage_rl.envs.pocketworld.scenarios import templates
 from sage_rl.envs.pocketworld.tasks import reference_solution, scenario_tasks
 from sage_rl.skills import (
@@ -25,11 +25,11 @@ from sage_rl.types import cell_origin
 @pytest.mark.parametrize("template", templates("train"), ids=lambda t: t.name)
 def test_reference_skills_saved_loaded_and_credited(template):
     t1, t2 = scenario_tasks(template, 1, 2)
-    env = PocketWorldEnv()
-    env.reset_sync(t1)
+    env = SyncEnv()
+    env.reset(t1)
     cell = reference_solution(t1)
-    result = env.execute_sync(cell, cell_origin(0))
-    outcome = env.evaluate_sync()
+    result = env.execute(cell, cell_origin(0))
+    outcome = env.evaluate()
     assert result.ok and outcome.success, result.observation
     prov = Provenance(t1.task_id, t1.scenario_id, "reference", 0, 1.0)
     saved = extract_skills([(cell, result)], task_success=outcome.success, provenance=prov)
@@ -44,12 +44,12 @@ def test_reference_skills_saved_loaded_and_credited(template):
     ]
 
     lib = Library(saved)
-    env.reset_sync(t2)
+    env.reset(t2)
     for pc in lib.preamble():
-        assert env.execute_sync(pc.code, pc.origin).ok
+        assert env.execute(pc.code, pc.origin).ok
     call = template.call_code(t2.spec["params"])
-    r2 = env.execute_sync(call, cell_origin(0))
-    assert r2.ok and env.evaluate_sync().success, r2.observation
+    r2 = env.execute(call, cell_origin(0))
+    assert r2.ok and env.evaluate().success, r2.observation
     used = used_skills_from_calls([r2], lib.names())
     assert set(template.skill_names) <= used
     assert used_skills_static([call], lib) == used

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,6 +18,7 @@ from rich.table import Table
 
 from sage_rl.envs.pocketworld import tasks as pw
 from sage_rl.envs.pocketworld.env import PocketWorldEnv
+from sage_rl.envs.pocketworld.executor import IN_PROCESS, Executors
 from sage_rl.envs.pocketworld.scenarios.base import SPLITS
 from sage_rl.types import Outcome, Task, cell_origin, to_jsonable
 
@@ -44,13 +47,19 @@ def _split_tasks(split: str) -> tuple[Task, ...]:
     return pw.split_tasks(split)
 
 
-def _env(in_process: bool) -> PocketWorldEnv:
-    """The sandbox by default (issue 3); ``--in-process`` only for debugging world code."""
+@contextlib.contextmanager
+def _executors(in_process: bool) -> Iterator[Executors]:
+    """The sandbox by default (issue 3), started once for the command and closed at its end;
+    ``--in-process`` only for debugging world code."""
     if in_process:
-        return PocketWorldEnv()
-    from sage_rl.envs.pocketworld.sandboxed import executor_factory
+        yield IN_PROCESS
+        return
+    from sage_rl.envs.pocketworld.sandboxed import SandboxExecutors
+    from sage_rl.sandbox import Sandbox
 
-    return PocketWorldEnv(executor_factory())
+    with Sandbox() as sandbox:
+        print(f"[sage-rl] {sandbox.isolation.line() if sandbox.isolation else ''}", file=sys.stderr)
+        yield SandboxExecutors(sandbox)
 
 
 InProcessOpt = Annotated[
@@ -58,15 +67,15 @@ InProcessOpt = Annotated[
 ]
 
 
-def _run(task: Task, code: str | None, in_process: bool = False) -> tuple[str, bool, Outcome]:
-    env = _env(in_process)
-    env.reset_sync(task)
+async def _run(executors: Executors, task: Task, code: str | None) -> tuple[str, bool, Outcome]:
+    env = PocketWorldEnv(executors)
+    await env.reset(task)
     observation, completed = "", False
     if code is not None:
-        r = env.execute_sync(code, cell_origin(1))
+        r = await env.execute(code, cell_origin(1))
         observation, completed = r.observation, r.completed
-    outcome = env.evaluate_sync()
-    asyncio.run(env.close())
+    outcome = await env.evaluate()
+    await env.close()
     return observation, completed, outcome
 
 
@@ -129,7 +138,8 @@ def run(
         raise typer.BadParameter("give exactly one of --code FILE, --solution, --noop")
     t = _task(task_id)
     source = None if noop else pw.reference_solution(t) if solution else code.read_text()  # type: ignore[union-attr]
-    observation, completed, outcome = _run(t, source, in_process)
+    with _executors(in_process) as executors:
+        observation, completed, outcome = asyncio.run(_run(executors, t, source))
     if as_json:
         return _emit(
             {"task_id": t.task_id, "observation": observation, "completed": completed, "outcome": outcome}
@@ -144,17 +154,8 @@ def run(
 def verify(split: SplitOpt = "dev", as_json: JsonOpt = False) -> None:
     """Run the reference and no-op solutions on every task of a split; report both pass rates."""
     ts = _split_tasks(split)
-    failures: list[str] = []
-    ref_ok = noop_ok = 0
-    with Progress(console=Console(stderr=True), transient=True) as bar:
-        job = bar.add_task(f"verifying {split}", total=len(ts))
-        for t in ts:
-            ok = _run(t, pw.reference_solution(t))[2].success
-            ref_ok += ok
-            noop_ok += _run(t, None)[2].success
-            if not ok:
-                failures.append(t.task_id)
-            bar.advance(job)
+    with _executors(False) as executors:
+        failures, ref_ok, noop_ok = asyncio.run(_verify(executors, ts))
     n = len(ts)
     result = {"split": split, "tasks": n, "reference_pass_rate": ref_ok / n, "noop_pass_rate": noop_ok / n,
               "reference_failures": failures}  # fmt: skip
@@ -165,24 +166,48 @@ def verify(split: SplitOpt = "dev", as_json: JsonOpt = False) -> None:
         console.print(f"  [red]reference failed[/] {f}")
 
 
+async def _verify(executors: Executors, ts: tuple[Task, ...]) -> tuple[list[str], int, int]:
+    """(tasks whose reference solution failed, reference passes, no-op passes)."""
+    failures: list[str] = []
+    ref_ok = noop_ok = 0
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        job = bar.add_task(f"verifying {ts[0].split if ts else ''}", total=len(ts))
+        for t in ts:
+            ok = (await _run(executors, t, pw.reference_solution(t)))[2].success
+            ref_ok += ok
+            noop_ok += (await _run(executors, t, None))[2].success
+            if not ok:
+                failures.append(t.task_id)
+            bar.advance(job)
+    return failures, ref_ok, noop_ok
+
+
 @app.command()
 def play(task_id: str, in_process: InProcessOpt = False) -> None:
     """Solve a task by hand: type a cell, end it with a line '%%' (or EOF); stops when the task is completed."""
     t = _task(task_id)
-    env = _env(in_process)
-    env.reset_sync(t)
     console.print(
         f"[bold]{t.instruction}[/]\n[dim]End each cell with a line '%%'. Call apis.supervisor.complete_task() to finish.[/]"
     )
+    with _executors(in_process) as executors:
+        outcome = asyncio.run(_play(executors, t))
+    _print_outcome(outcome)
+
+
+async def _play(executors: Executors, t: Task) -> Outcome:
+    env = PocketWorldEnv(executors)
+    await env.reset(t)
     index, lines = 1, []
     for line in itertools.chain(sys.stdin, ["%%\n"]):  # lazy: each cell runs as soon as it ends
         if line.rstrip("\n") != "%%":
             lines.append(line)
             continue
         if "".join(lines).strip():
-            r = env.execute_sync("".join(lines), cell_origin(index))
+            r = await env.execute("".join(lines), cell_origin(index))
             console.print(r.observation, markup=False, highlight=False, end="", soft_wrap=True)
             index, lines = index + 1, []
             if r.completed:
                 break
-    _print_outcome(env.evaluate_sync())
+    outcome = await env.evaluate()
+    await env.close()
+    return outcome

@@ -3,15 +3,19 @@
 Two levels:
 - a ``Suite`` is a family of tasks and the means to run them (PocketWorld, AppWorld). It lists
   fixed evaluation splits, samples unlimited training chains where it can, and opens live
-  environments;
+  environments. It has a lifetime: whoever makes one closes it (``await suite.close()``; the
+  composition root does this with ``build.open_suite``);
 - an ``Environment`` is one live episode: reset to a task, execute code cells, evaluate.
 
 One ``Environment`` serves one episode at a time; concurrency comes from opening several.
+Capabilities are declared here, not probed: ``Environment.reports_calls``, ``Suite.prompt_dir``,
+``Suite.worked_example``.
 """
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from sage_rl.types import ExecResult, Outcome, Task
@@ -29,7 +33,8 @@ class Environment(Protocol):
 
     async def execute(self, code: str, origin: str) -> ExecResult:
         """Run one code cell. ``origin`` is the filename to compile it with (``<cell-N>`` or
-        ``<skill:NAME>``); it ends up in call records."""
+        ``<skill:NAME>``); it ends up in call records. Agent-code failures come back in the
+        result; an exception means the environment itself failed."""
         ...
 
     async def evaluate(self) -> Outcome:
@@ -47,6 +52,9 @@ class Environment(Protocol):
 @runtime_checkable
 class Suite(Protocol):
     name: str
+    #: The folder of the agent's prompt templates for this suite's tasks (the same files and
+    #: variables as ``sage_rl/agent/prompts``), or None for those defaults.
+    prompt_dir: Path | None
 
     def split(self, split: str) -> tuple[Task, ...]:
         """A fixed evaluation split, ordered by scenario then position."""
@@ -56,6 +64,15 @@ class Suite(Protocol):
         """``length`` tasks of one scenario, in order (a SAGE chain)."""
         ...
 
+    def worked_example(self) -> tuple[str, tuple[str, ...]] | None:
+        """(instruction, code cells) of a solved *train* task to show in the prompt, or None."""
+        ...
+
     async def open(self) -> Environment:
         """A new live environment (its own sandbox worker / world process)."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the suite holds (worker zygotes, temporary folders). Environments it
+        opened must be closed first."""
         ...

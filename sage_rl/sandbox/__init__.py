@@ -2,19 +2,22 @@
 
 Public API:
     SandboxLimits                       the limits (a config section; defaults in docs/sandbox.md)
-    Sandbox(limits).start()             start the template once; returns the IsolationReport
-    await Sandbox.acquire(dispatch)     -> Session; dispatch(app, api, kwargs) runs in the parent
+    with Sandbox(limits) as sandbox:    start the template once (``start()`` returns the IsolationReport);
+                                        leaving the block ends the template and its workers
+    await sandbox.acquire(dispatch)     -> Session; dispatch(app, api, kwargs) runs in the parent, on
+                                        the event loop that awaits the session
     await Session.execute(code, origin) -> sage_rl.types.ExecResult
     await Session.reset() / close()
-    SyncSession(sandbox, dispatch)      blocking execute/reset/close (PocketWorld's Executor protocol)
     probe_isolation(limits)             the effective IsolationReport on this machine
+
+There is no process-wide sandbox: whoever composes a run owns one as a context manager and passes
+it down (``sage_rl.build.open_suite``).
 """
 
 from sage_rl.sandbox.isolation import IsolationReport
 from sage_rl.sandbox.limits import SandboxLimits
 from sage_rl.sandbox.pool import Dispatch, Sandbox, SandboxError
 from sage_rl.sandbox.session import Session
-from sage_rl.sandbox.sync import SyncSession
 
 
 def probe_isolation(limits: SandboxLimits | None = None) -> IsolationReport:
@@ -31,6 +34,5 @@ __all__ = [
     "SandboxError",
     "SandboxLimits",
     "Session",
-    "SyncSession",
     "probe_isolation",
 ]

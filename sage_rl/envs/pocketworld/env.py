@@ -2,70 +2,46 @@
 
 The environment owns the World; agent code reaches it only through ``world.call`` behind the
 executor's ``apis`` proxy. Evaluation compares the world with a snapshot taken at reset, which
-agent code never sees.
+agent code never sees. Cells go straight to the executor (the sandbox's async ``Session`` by
+default): one async path, no thread in between.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import random
-from collections.abc import Callable
 
 from sage_rl.envs.pocketworld import tasks
-from sage_rl.envs.pocketworld.executor import Executor, InProcessExecutor
-from sage_rl.envs.pocketworld.proxy import Dispatch
+from sage_rl.envs.pocketworld.executor import IN_PROCESS, Executor, Executors
 from sage_rl.envs.pocketworld.world import Db, World
 from sage_rl.types import ExecResult, Outcome, Task
 
-ExecutorFactory = Callable[[Dispatch], Executor]
-
 
 class PocketWorldEnv:
-    """One live PocketWorld episode. ``executor_factory`` is the seam the sandbox plugs into."""
+    """One live PocketWorld episode at a time. ``executors`` is the seam the sandbox plugs into."""
 
-    def __init__(self, executor_factory: ExecutorFactory = InProcessExecutor) -> None:
-        self._factory = executor_factory
-        #: whether ``ExecResult.calls`` holds call records: the executor class says so
-        self.reports_calls: bool = bool(getattr(executor_factory, "reports_calls", False))
-        #: sandbox sessions block on I/O and are thread-safe: run them off the event loop so that
-        #: concurrent episodes (and the policy's batching) keep going while a cell runs
-        self._offload: bool = bool(getattr(executor_factory, "blocking", False))
+    def __init__(self, executors: Executors = IN_PROCESS) -> None:
+        self._executors = executors
+        self.reports_calls: bool = executors.reports_calls
         self._task: Task | None = None
         self._world: World | None = None
         self._initial: Db | None = None
         self._executor: Executor | None = None
 
     async def reset(self, task: Task) -> None:
-        if self._offload:
-            await asyncio.to_thread(self.reset_sync, task)
-        else:
-            self.reset_sync(task)
-
-    def reset_sync(self, task: Task) -> None:
-        """Synchronous ``reset`` (for the CLI, tests and benchmarks)."""
-        if self._executor is not None:
-            self._executor.close()
+        await self.close()
         self._task = task
         self._world = tasks.world_for(task)
         self._initial = self._world.snapshot()
-        self._executor = self._factory(self._world.call)
+        self._executor = await self._executors.open(self._world.call)
 
     async def execute(self, code: str, origin: str) -> ExecResult:
-        if self._offload:
-            return await asyncio.to_thread(self.execute_sync, code, origin)
-        return self.execute_sync(code, origin)
-
-    def execute_sync(self, code: str, origin: str) -> ExecResult:
         if self._executor is None or self._world is None:
             raise RuntimeError("PocketWorldEnv.execute before reset")
-        result = self._executor.execute(code, origin)
+        result = await self._executor.execute(code, origin)
         return dataclasses.replace(result, completed=self._world.completed)
 
     async def evaluate(self) -> Outcome:
-        return self.evaluate_sync()
-
-    def evaluate_sync(self) -> Outcome:
         if self._task is None or self._world is None or self._initial is None:
             raise RuntimeError("PocketWorldEnv.evaluate before reset")
         return tasks.evaluate_task(self._task, self._initial, self._world)
@@ -77,16 +53,20 @@ class PocketWorldEnv:
     async def close(self) -> None:
         if self._executor is not None:
             executor, self._executor = self._executor, None
-            await asyncio.to_thread(executor.close) if self._offload else executor.close()
+            await executor.close()
 
 
 class PocketWorldSuite:
-    """PocketWorld's tasks: fixed evaluation splits and unlimited train chains."""
+    """PocketWorld's tasks: fixed evaluation splits and unlimited train chains.
+
+    It owns nothing that needs closing: the sandbox behind ``executors`` belongs to whoever made it.
+    """
 
     name = "pocketworld"
+    prompt_dir = None  # the agent's default templates
 
-    def __init__(self, executor_factory: ExecutorFactory = InProcessExecutor) -> None:
-        self._factory = executor_factory
+    def __init__(self, executors: Executors = IN_PROCESS) -> None:
+        self._executors = executors
 
     def split(self, split: str) -> tuple[Task, ...]:
         return tasks.split_tasks(split)
@@ -108,4 +88,7 @@ class PocketWorldSuite:
         return task.instruction, (tasks.reference_solution(task),)
 
     async def open(self) -> PocketWorldEnv:
-        return PocketWorldEnv(self._factory)
+        return PocketWorldEnv(self._executors)
+
+    async def close(self) -> None:
+        """Nothing to release (environments are closed by whoever opened them)."""

@@ -1,11 +1,15 @@
-"""Running agent code cells: the seam between the Environment and whatever executes the code.
+"""Running agent code cells: the async seam between the Environment and whatever executes code.
 
-``InProcessExecutor`` runs cells with ``exec`` in a persistent namespace that holds only ``apis``
-(a proxy over a ``dispatch(app, api, kwargs)`` callable) and the builtins. It is NOT a security
-boundary - agent code shares the process - and exists until the sandbox (``sage_rl/sandbox``)
-takes over behind the same ``Executor`` protocol. The world is reachable only through the
-dispatch closure, never through the namespace directly. Call records come from
-``calltrace.CallTracer``.
+An ``Executors`` opens one ``Executor`` per episode over a ``dispatch(app, api, kwargs)`` callable
+(the world's ``call``). Two implementations, one seam, awaited directly by ``PocketWorldEnv``:
+
+- the sandbox (``sandboxed.SandboxExecutors``, the default): a worker process per episode, whose
+  ``apis`` calls come back over a socket and run ``dispatch`` on the event loop;
+- ``IN_PROCESS`` (debugging only, ``pocketworld.sandbox=false``): ``InProcessExecutor`` runs cells
+  with ``exec`` in a persistent namespace that holds only ``apis`` and the builtins. It is NOT a
+  security boundary - agent code shares the process. The world is reachable only through the
+  dispatch closure, never through the namespace directly. Call records come from
+  ``calltrace.CallTracer``.
 """
 
 from __future__ import annotations
@@ -30,21 +34,39 @@ MAX_OBSERVATION_CHARS = 20_000
 
 
 class Executor(Protocol):
-    #: True when ``execute`` fills ``ExecResult.calls`` with call records.
-    reports_calls: bool
+    """One episode's interpreter."""
 
-    def execute(self, code: str, origin: str) -> ExecResult:
+    async def execute(self, code: str, origin: str) -> ExecResult:
         """Run one cell compiled with filename ``origin``. ``completed`` is left False: the
         Environment knows whether the task was completed."""
         ...
 
-    def close(self) -> None: ...
+    async def close(self) -> None: ...
+
+
+class Executors(Protocol):
+    """Where an environment's cells run: opens one ``Executor`` per episode."""
+
+    #: True when the executors fill ``ExecResult.calls`` with call records.
+    reports_calls: bool
+
+    async def open(self, dispatch: Dispatch) -> Executor: ...
+
+
+class InProcess:
+    """``Executors`` running cells in this process (debugging only: no isolation)."""
+
+    reports_calls = True
+
+    async def open(self, dispatch: Dispatch) -> InProcessExecutor:
+        return InProcessExecutor(dispatch)
+
+
+IN_PROCESS = InProcess()
 
 
 class InProcessExecutor:
     """Executes cells in this process, in one namespace that persists across cells, with call records."""
-
-    reports_calls = True
 
     def __init__(self, dispatch: Dispatch) -> None:
         self._ns: dict[str, object] = {
@@ -54,7 +76,7 @@ class InProcessExecutor:
         }
         self._sources: dict[str, list[str]] = {}
 
-    def execute(self, code: str, origin: str) -> ExecResult:
+    async def execute(self, code: str, origin: str) -> ExecResult:
         self._sources[origin] = code.splitlines()
         before = dict(self._ns)  # holds references, so a redefined function's id cannot be reused
         out = io.StringIO()
@@ -83,7 +105,7 @@ class InProcessExecutor:
             duration_s=time.perf_counter() - start,
         )
 
-    def close(self) -> None:
+    async def close(self) -> None:
         self._ns.clear()
 
 

@@ -1,29 +1,25 @@
-"""PocketWorld's default executor: agent code in the sandbox (issue 3), one worker per episode.
+"""PocketWorld's default executors: agent code in the sandbox (issue 3), one worker per episode.
 
-One ``Sandbox`` (a pre-imported template process that forks workers) serves the whole process;
-it starts on first use and logs its effective isolation level. ``executor_factory(limits)`` is what
-``PocketWorldSuite`` / ``PocketWorldEnv`` take.
+The ``Sandbox`` (a pre-imported template process that forks workers) is owned by whoever composes
+the run (``sage_rl.build.open_suite``, ``sage-rl world``, a benchmark), as a context manager; this
+module only opens sessions on it. ``Session`` is itself an ``Executor``: ``execute`` and ``close``
+are awaited directly, and ``apis`` calls run ``dispatch`` on the same event loop.
 """
 
 from __future__ import annotations
 
-import atexit
-import functools
-import sys
+from dataclasses import dataclass
 
-from sage_rl.sandbox import Sandbox, SandboxLimits, SyncSession
-
-
-@functools.cache
-def shared_sandbox(limits: SandboxLimits) -> Sandbox:
-    """The process's sandbox for ``limits`` (started once, closed at exit)."""
-    sandbox = Sandbox(limits)
-    report = sandbox.start()
-    print(f"[sage-rl] {report.line()}", file=sys.stderr)
-    atexit.register(sandbox.close)
-    return sandbox
+from sage_rl.envs.pocketworld.proxy import Dispatch
+from sage_rl.sandbox import Sandbox, Session
 
 
-def executor_factory(limits: SandboxLimits | None = None):
-    """``dispatch -> executor`` running cells in a fresh sandbox worker (``reports_calls=True``)."""
-    return SyncSession.factory(shared_sandbox(limits or SandboxLimits()))
+@dataclass(frozen=True)
+class SandboxExecutors:
+    """``Executors`` whose episodes each get a fresh worker of ``sandbox`` (with call records)."""
+
+    sandbox: Sandbox
+    reports_calls: bool = True
+
+    async def open(self, dispatch: Dispatch) -> Session:
+        return await self.sandbox.acquire(dispatch)

@@ -83,5 +83,5 @@ def run_bench(venv: Path | None = None, workdir: Path | None = None, repeats: in
         try:
             out = asyncio.run(_measure(suite, repeats))
         finally:
-            suite.close()
+            asyncio.run(suite.close())
     return {"synthetic_build_s": build_s, "repeats": repeats, **out}

@@ -196,7 +196,10 @@ class AppWorldSuite:
         the first call starts: seconds; later calls take milliseconds)."""
         return await AppWorldEnvironment.open(self.config, self._factory)
 
-    def close(self) -> None:
-        """Stop the zygote. Open environments keep working; close them with ``await env.close()``.
-        Optional: the zygote also exits by itself when this process ends."""
+    def worked_example(self) -> None:
+        """None: no solved AppWorld task is shown in the prompt."""
+
+    async def close(self) -> None:
+        """Stop the zygote and remove its folder. Open environments keep working; close them with
+        ``await env.close()``."""
         self._factory.close()
