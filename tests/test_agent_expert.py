@@ -5,21 +5,23 @@ import asyncio
 import pytest
 
 from sage_rl.agent.prompts import PromptBuilder
+from sage_rl.build import worked_example
 from sage_rl.envs.pocketworld.env import PocketWorldSuite
-from sage_rl.envs.pocketworld.sandboxed import executor_factory
+from sage_rl.envs.pocketworld.expert import ScriptedExpert, library_names
+from sage_rl.envs.pocketworld.sandboxed import SandboxExecutors
 from sage_rl.eval.metrics import compute_metrics
 from sage_rl.eval.runner import evaluate_chains
 from sage_rl.policies.base import SamplingParams
-from sage_rl.policies.scripted import ScriptedExpert
 from sage_rl.rollout.chain import ChainRunner, SkillsConfig
 from sage_rl.rollout.episode import AgentConfig
+from sage_rl.sandbox import Sandbox
 from sage_rl.skills.library import Library
 from sage_rl.skills.retrieval import RetrievalConfig, make_retriever
+from sage_rl.types import Task
 
 
-def _evaluate(split, expert, sandbox=True):
-    suite = PocketWorldSuite(executor_factory()) if sandbox else PocketWorldSuite()
-    runner = ChainRunner(
+def _runner(expert, suite):
+    return ChainRunner(
         expert,
         suite,
         PromptBuilder(),
@@ -28,7 +30,19 @@ def _evaluate(split, expert, sandbox=True):
         SamplingParams(),
         make_retriever(RetrievalConfig()),
     )
-    return asyncio.run(evaluate_chains(runner, suite.split(split), Library(), concurrency=4))
+
+
+def _evaluate(split, expert, sandbox=True):
+    if not sandbox:
+        suite = PocketWorldSuite()
+        return asyncio.run(
+            evaluate_chains(_runner(expert, suite), suite.split(split), Library(), concurrency=4)
+        )
+    with Sandbox() as box:
+        suite = PocketWorldSuite(SandboxExecutors(box))
+        return asyncio.run(
+            evaluate_chains(_runner(expert, suite), suite.split(split), Library(), concurrency=4)
+        )
 
 
 @pytest.mark.parametrize("split", ["dev", "test_normal"])
@@ -52,6 +66,17 @@ def test_expert_varies_its_trajectories():
 def test_failing_expert_fails_some_tasks():
     m = compute_metrics(_evaluate("dev", ScriptedExpert(seed=0, fail_rate=0.5), sandbox=False))
     assert 0 < m.tgc < 100
+
+
+def test_expert_reads_its_library_from_the_prompt_only():
+    """The library section lists what loaded; the worked example's functions are not in it."""
+    task = Task("t_1", "t", 1, "Do it.", "dev")
+    builder = PromptBuilder(example=worked_example(PocketWorldSuite()))
+    assert "\ndef " in builder.messages(task, "")[1]["content"]  # the example defines functions
+    lib = "def get_songs(token: str) -> list:\n    ...\n\ndef login_to(app: str) -> str:\n    ..."
+    assert library_names(builder.messages(task, lib)) == ("get_songs", "login_to")
+    assert library_names(builder.messages(task, "")) == ()
+    assert library_names(PromptBuilder(use_skills=False).messages(task)) == ()
 
 
 def _first_task():

@@ -13,14 +13,15 @@ from sage_rl.rollout.batch import RolloutConfig, check_group_contract, rollout_b
 from sage_rl.rollout.chain import ChainRunner, SkillsConfig
 from sage_rl.rollout.episode import AgentConfig, EpisodeSpec, run_episode, turn_room
 from sage_rl.skills.library import Library
+from sage_rl.skills.record import Provenance, make_skill
 from sage_rl.skills.retrieval import RetrievalConfig, make_retriever
 from sage_rl.types import CallRecord, ExecResult, StopReason, Task
 
 
 class ScriptPolicy:
-    """Replies with the given texts in order (text-only: no tokenizer)."""
+    """Replies with the given texts in order (text-only: no renderer)."""
 
-    tokenizer = None
+    renderer = None
     name = "script"
 
     def __init__(self, replies, tokens_per_reply=10):
@@ -38,10 +39,50 @@ class ScriptPolicy:
 TASK = Task("s_1", "s", 1, "Do the thing.", "dev")
 
 
-def _run(policy, cfg=AgentConfig(max_steps=5), preamble=(), env=None):
+class OneEnvSuite:
+    """A suite of one environment (the given one), for single-task chains."""
+
+    name, prompt_dir = "one", None
+
+    def __init__(self, env):
+        self.env = env
+
+    def split(self, split):
+        return (TASK,)
+
+    def sample_chain(self, rng, length, split="train"):
+        return (TASK,)
+
+    def worked_example(self):
+        return None
+
+    async def open(self):
+        return self.env
+
+    async def close(self):
+        pass
+
+
+def skill(code, uses=0):
+    return make_skill(code, provenance=Provenance(scenario_id=TASK.scenario_id), uses=uses)
+
+
+def _run(policy, cfg=AgentConfig(max_steps=5), library=(), env=None):
+    """One task through the chain (which owns the environment around the episode)."""
     env = env or FakeEnv()
-    spec = EpisodeSpec(TASK, PromptBuilder().messages(TASK.instruction), preamble)
-    return asyncio.run(run_episode(policy, env, spec, cfg, SamplingParams())), env
+    runner = _runner(policy, OneEnvSuite(env), cfg)
+    chain = asyncio.run(runner.run((TASK,), Library(library)))
+    return chain.trajectories[0], env
+
+
+def test_run_episode_only_loops_on_a_reset_environment():
+    env = FakeEnv()
+    asyncio.run(env.reset(TASK))
+    spec = EpisodeSpec(TASK, PromptBuilder().messages(TASK))
+    policy = ScriptPolicy(["```python\nx = 1\n```", "```python\ncomplete()\n```"])
+    episode = asyncio.run(run_episode(policy, env, spec, AgentConfig(max_steps=5), SamplingParams()))
+    assert episode.stop is StopReason.COMPLETED and [t.code for t in episode.turns] == ["x = 1", "complete()"]
+    assert [r.task_id for r in policy.requests] == [TASK.task_id] * 2
 
 
 def test_completes_and_records_turns():
@@ -96,17 +137,107 @@ def test_each_turn_asks_for_at_most_the_room_left():
 def test_library_preamble_runs_first_and_failures_are_dropped():
     traj, env = _run(
         ScriptPolicy(["```python\ncomplete()\n```"]),
-        preamble=(("f", "def f(): ..."), ("bad", "def bad(: ...")),
+        library=(skill("def f():\n    return 1", uses=1), skill("def bad():\n    return 2")),
     )
     assert [o for o, _ in env.cells][:2] == ["<skill:f>", "<skill:bad>"]
     assert traj.library_in == ("f", "bad") and traj.library_dropped == ("bad",)
+
+
+def test_a_skill_that_fails_to_load_leaves_the_prompt_and_the_chains_library():
+    """SAGE.md section 1: a skill whose definition fails is dropped - from what the agent is shown
+    and from the library later tasks get - and so is a skill that depends on it."""
+    policy = ScriptPolicy(["```python\ncomplete()\n```"])
+    lib = (
+        skill("def f():\n    return 1", uses=2),
+        skill("def bad():\n    return 2", uses=1),
+        make_skill(
+            "def uses_bad():\n    return bad()", depends_on=("bad",), provenance=Provenance(scenario_id="s")
+        ),
+    )
+    env = FakeEnv()
+    runner = _runner(policy, OneEnvSuite(env))
+    chain = asyncio.run(runner.run((TASK, TASK), Library(lib)))
+    first, second = chain.trajectories
+    assert set(first.library_in) == {"f", "bad", "uses_bad"}
+    assert first.library_dropped == ("bad", "uses_bad")
+    opening = policy.requests[0].messages[1]["content"]
+    assert "def f()" in opening and "def bad()" not in opening and "def uses_bad()" not in opening
+    assert second.library_in == ("f",) and second.library_dropped == ()
+    assert "def bad()" not in policy.requests[1].messages[1]["content"]
+
+
+class ResetFails(FakeEnv):
+    async def reset(self, task):
+        raise OSError("the world would not build")
+
+
+class EvaluateFails(FakeEnv):
+    async def evaluate(self):
+        raise RuntimeError("the checker crashed")
+
+
+@pytest.mark.parametrize("broken", [ResetFails, EvaluateFails], ids=["reset", "evaluate"])
+def test_an_environment_failure_ends_the_task_as_data_and_the_chain_goes_on(broken):
+    bad, good = Task("bad_1", "bad", 1, "Break.", "dev"), Task("bad_2", "bad", 2, "Go on.", "dev")
+
+    class Suite(OneEnvSuite):
+        def __init__(self):
+            self.opened = 0
+
+        async def open(self):
+            self.opened += 1
+            return broken() if self.opened == 1 else FakeEnv()
+
+    policy = ScriptPolicy(["```python\ncomplete()\n```"])
+    chain = asyncio.run(_runner(policy, Suite()).run((bad, good), Library()))
+    failed, fine = chain.trajectories
+    assert failed.stop is StopReason.ENV_ERROR and failed.outcome.score == 0.0 and not failed.outcome.success
+    assert ("would not build" if broken is ResetFails else "checker crashed") in failed.error
+    assert failed.turns == () if broken is ResetFails else len(failed.turns) == 1
+    assert fine.stop is StopReason.COMPLETED and fine.outcome.success
+    # the batch goes on too: an env failure before any turn is a failure (0), not a no-code -1
+    samples = to_samples([[chain, chain]], RolloutConfig(chain_length=2, group_size=2))
+    assert [s.reward for s in samples[:2]] == [0.0, 1.0]
+
+
+def test_opening_the_environment_can_fail_too():
+    class NoEnv(OneEnvSuite):
+        async def open(self):
+            raise ConnectionError("no sandbox worker")
+
+    chain = asyncio.run(_runner(ScriptPolicy(["x"]), NoEnv(None)).run((TASK,), Library()))
+    (traj,) = chain.trajectories
+    assert traj.stop is StopReason.ENV_ERROR and "no sandbox worker" in traj.error and traj.turns == ()
+
+
+def test_task_context_is_rendered_in_the_prompt():
+    task = Task(
+        "s_1",
+        "s",
+        1,
+        "Do the thing.",
+        "dev",
+        context={"supervisor": "Ada L <ada@x.org>", "date": "2024-05-01"},
+    )
+    system, user = PromptBuilder().messages(task, "")
+    assert "- supervisor: Ada L <ada@x.org>\n- date: 2024-05-01\n" in user["content"]
+    assert user["content"].endswith("# Your task\nDo the thing.")
+    assert "supervisor: Ada" not in system["content"]
+    _, plain = PromptBuilder().messages(TASK, "")
+    assert "About this task" not in plain["content"]  # PocketWorld's tasks have no context
 
 
 # ------------------------------------------------------------------ chains and groups
 
 
 class FakeSuite:
-    name = "fake"
+    name, prompt_dir = "fake", None
+
+    def worked_example(self):
+        return None
+
+    async def close(self):
+        pass
 
     def split(self, split):
         return tuple(
@@ -122,13 +253,13 @@ class FakeSuite:
 
 
 class SkillPolicy:
-    """Task 1 defines and calls skill f; task 2 calls f (which the library loaded), then completes."""
+    """Task 1 defines and calls skill f; task 2 calls f (which the prompt lists), then completes."""
 
-    tokenizer = None
+    renderer = None
     name = "skill"
 
     async def generate(self, request):
-        if "f" in request.library:
+        if "def f()" in request.messages[1]["content"]:
             return Completion("```python\nf()\ncomplete()\n```", completion_tokens=5)
         return Completion("```python\ndef f():\n    return 1\nf()\ncomplete()\n```", completion_tokens=5)
 
@@ -148,12 +279,12 @@ class DefiningSuite(FakeSuite):
         return DefiningEnv()
 
 
-def _runner(policy, suite):
+def _runner(policy, suite, agent=AgentConfig(max_steps=3)):
     return ChainRunner(
         policy,
         suite,
         PromptBuilder(),
-        AgentConfig(max_steps=3),
+        agent,
         SkillsConfig(),
         SamplingParams(),
         make_retriever(RetrievalConfig()),
@@ -172,11 +303,12 @@ def test_chain_carries_the_library_and_records_used_from():
 def test_group_contract_and_samples_grouped_by_position():
     suite = DefiningSuite()
     cfg = RolloutConfig(chain_length=2, group_size=3, groups_per_step=2)
-    groups = asyncio.run(rollout_batch(_runner(SkillPolicy(), suite), suite, random.Random(0), cfg))
+    groups = asyncio.run(rollout_batch(_runner(SkillPolicy(), suite), random.Random(0), cfg))
     assert [len(g) for g in groups] == [3, 3]
     for chains in groups:
         assert len({c.task_ids for c in chains}) == 1
         assert len({c.trajectories[0].library_in for c in chains}) == 1
+        assert len({c.start_library for c in chains}) == 1
     samples = to_samples(groups, cfg)
     assert len(samples) == 12
     assert {s.group for s in samples} == {(c.task_ids, k) for g in groups for c in g[:1] for k in (0, 1)}
@@ -190,3 +322,10 @@ def test_group_contract_violation_is_caught():
     b = asyncio.run(_runner(SkillPolicy(), suite).run(suite.split("dev")[2:], Library()))
     with pytest.raises(AssertionError, match="group contract"):
         check_group_contract([[a, b]])
+    # same tasks, but another start library: the contract is about the library the chains start
+    # from, not about what retrieval showed task 1
+    lib = Library([make_skill("def h():\n    return 0", provenance=Provenance(scenario_id="elsewhere"))])
+    c = asyncio.run(_runner(SkillPolicy(), suite).run(suite.split("dev")[:2], lib))
+    assert c.trajectories[0].library_in == a.trajectories[0].library_in == ()
+    with pytest.raises(AssertionError, match="start libraries"):
+        check_group_contract([[a, c]])

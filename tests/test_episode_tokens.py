@@ -10,7 +10,7 @@ from sage_rl.agent.render import ChatRenderer
 from sage_rl.policies.base import SamplingParams
 from sage_rl.policies.transformers_policy import TransformersPolicy
 from sage_rl.rollout.episode import AgentConfig, EpisodeSpec, run_episode
-from sage_rl.types import Task
+from sage_rl.types import Outcome, Task, Trajectory
 
 
 class Recording(TransformersPolicy):
@@ -27,10 +27,12 @@ def test_episode_sequence_is_exactly_what_was_sampled_and_observed(tiny):
     model, tok = tiny
     policy = Recording(model, tok, max_batch=1)
     task = Task("s_1", "s", 1, "Say hello.", "dev")
-    spec = EpisodeSpec(task, PromptBuilder(use_skills=False).messages(task.instruction))
+    spec = EpisodeSpec(task, PromptBuilder(use_skills=False).messages(task))
     cfg = AgentConfig(max_steps=3, max_tokens_per_turn=12, context_limit=4096)
-    traj = asyncio.run(run_episode(policy, FakeEnv(), spec, cfg, SamplingParams(temperature=1.0, seed=3)))
+    episode = asyncio.run(run_episode(policy, FakeEnv(), spec, cfg, SamplingParams(temperature=1.0, seed=3)))
+    traj = Trajectory(task, episode.prompt_ids, episode.turns, Outcome(0.0, False), episode.stop)
     assert len(traj.turns) == 3 and len(policy.seen) == 3
+    assert policy.renderer is not None  # the loop rendered with the policy's own renderer
     renderer = ChatRenderer(tok)
     assert list(traj.prompt_ids) == renderer.prompt_ids(spec.messages)
     prefix = list(traj.prompt_ids)

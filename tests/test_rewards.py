@@ -6,8 +6,15 @@ import itertools
 
 import pytest
 
-from sage_rl.rollout.rewards import ChainOutcomes, RewardKind, chain, outcome, rewards, skill_integrated
-from sage_rl.types import Chain, Outcome, StopReason, Task, Trajectory, Turn
+from sage_rl.rollout.rewards import (
+    ChainOutcomes,
+    RewardKind,
+    chain_mean_reward,
+    compute_rewards,
+    outcome_reward,
+    skill_integrated_reward,
+)
+from sage_rl.types import Chain, ExecResult, Outcome, StopReason, Task, Trajectory, Turn
 
 
 def co(scores, used_from, code=None, successes=None):
@@ -31,20 +38,20 @@ def co(scores, used_from, code=None, successes=None):
     ],
 )
 def test_k2_branches(scores, use, expected):
-    assert skill_integrated(co(scores, [(), (0,) if use else ()])) == expected
+    assert skill_integrated_reward(co(scores, [(), (0,) if use else ()])) == expected
 
 
 def test_k2_matches_paper_formula_on_a_grid():
     for r1, r2, use in itertools.product((0.0, 0.5, 1.0), (0.0, 0.5, 1.0), (0, 1)):
         s1, s2 = float(r1 == 1.0), float(r2 == 1.0)
         paper = (r1 + s1 * s2 * use, r2 + s2 * use)
-        assert skill_integrated(co((r1, r2), [(), (0,) if use else ()])) == paper
+        assert skill_integrated_reward(co((r1, r2), [(), (0,) if use else ()])) == paper
 
 
 def test_success_comes_from_the_flag_not_the_float():
     # a score of 1.0 with success=False (e.g. zero checks) earns no bonus
     c = co((1.0, 1.0), [(), (0,)], successes=(False, True))
-    assert skill_integrated(c) == (1.0, 2.0)
+    assert skill_integrated_reward(c) == (1.0, 2.0)
 
 
 # --- K > 2 -----------------------------------------------------------------------------------------
@@ -66,7 +73,7 @@ def test_success_comes_from_the_flag_not_the_float():
     ],
 )
 def test_k_greater_than_2(scores, used_from, expected):
-    assert skill_integrated(co(scores, used_from)) == expected
+    assert skill_integrated_reward(co(scores, used_from)) == expected
 
 
 # --- no-code penalty, ablations, selector ---------------------------------------------------------
@@ -74,24 +81,24 @@ def test_k_greater_than_2(scores, used_from, expected):
 
 def test_no_code_penalty_replaces_reward():
     c = co((1.0, 0.0), [(), ()], code=(True, False))
-    assert skill_integrated(c) == (1.0, -1.0)
-    assert outcome(c) == (1.0, -1.0)
-    assert chain(c) == (0.5, -1.0)  # mean of raw r^k, then the penalty per trajectory
-    assert skill_integrated(c, no_code_reward=None) == (1.0, 0.0)
+    assert skill_integrated_reward(c) == (1.0, -1.0)
+    assert outcome_reward(c) == (1.0, -1.0)
+    assert chain_mean_reward(c) == (0.5, -1.0)  # mean of raw r^k, then the penalty per trajectory
+    assert skill_integrated_reward(c, no_code_reward=None) == (1.0, 0.0)
 
 
 def test_no_code_penalty_replaces_even_a_bonus():
     c = co((1.0, 1.0), [(), (0,)], code=(False, True))
-    assert skill_integrated(c) == (-1.0, 2.0)
+    assert skill_integrated_reward(c) == (-1.0, 2.0)
 
 
 def test_outcome_and_chain_ablations():
     c = co((0.25, 1.0), [(), (0,)])
-    assert outcome(c) == (0.25, 1.0)
-    assert chain(c) == (0.625, 0.625)
-    assert rewards(RewardKind.CHAIN, c) == (0.625, 0.625)
-    assert rewards(RewardKind("outcome"), c) == (0.25, 1.0)
-    assert rewards(RewardKind.SKILL_INTEGRATED, c) == (0.25, 2.0)
+    assert outcome_reward(c) == (0.25, 1.0)
+    assert chain_mean_reward(c) == (0.625, 0.625)
+    assert compute_rewards(RewardKind.CHAIN, c) == (0.625, 0.625)
+    assert compute_rewards(RewardKind("outcome"), c) == (0.25, 1.0)
+    assert compute_rewards(RewardKind.SKILL_INTEGRATED, c) == (0.25, 2.0)
 
 
 def test_invalid_inputs_are_named():
@@ -108,7 +115,11 @@ def test_invalid_inputs_are_named():
 def _traj(task_id: str, score: float, code: bool) -> Trajectory:
     task = Task(task_id=task_id, scenario_id="s", position=1, instruction="x", split="train")
     turn = Turn(
-        gen_ids=(1,), gen_logprobs=(-0.1,), text="t", code="print(1)" if code else None, observation=""
+        gen_ids=(1,),
+        gen_logprobs=(-0.1,),
+        text="t",
+        code="print(1)" if code else None,
+        result=ExecResult("", True),
     )
     return Trajectory(
         task=task,
@@ -123,4 +134,4 @@ def test_from_chain():
     ch = Chain(0, 0, (_traj("s_1", 1.0, True), _traj("s_2", 1.0, False)), used_from=((), (0,)))
     c = ChainOutcomes.from_chain(ch)
     assert c == ChainOutcomes((1.0, 1.0), (True, True), (True, False), ((), (0,)))
-    assert skill_integrated(c) == (2.0, -1.0)
+    assert skill_integrated_reward(c) == (2.0, -1.0)

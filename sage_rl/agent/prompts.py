@@ -2,8 +2,14 @@
 
 The system message explains the world and, for the skill-library agent, the skill operations
 (SAGE.md section 1). The first user message holds a worked example (from a *train* scenario
-only), the skill library section, and the task. The plain CodeAct variant (the GRPO baseline,
-SAGE.md section 6) renders the same templates with ``use_skills=False``.
+only), the skill library section, the task's context (``Task.context``: what the agent is meant
+to know besides the instruction, e.g. who its supervisor is) and the task. The plain CodeAct
+variant (the GRPO baseline, SAGE.md section 6) renders the same templates with
+``use_skills=False``.
+
+Template variables: ``use_skills``, ``max_steps``, ``example``, ``library``, ``context`` (a
+mapping, empty for PocketWorld), ``instruction``. A suite may bring its own template folder
+(``Suite.prompt_dir``) with the same files and variables.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
+
+from sage_rl.types import Task
 
 DEFAULT_TEMPLATES = Path(__file__).parent / "prompts"
 
@@ -39,15 +47,17 @@ class PromptBuilder:
             trim_blocks=True,
         )
 
-    def messages(self, instruction: str, library: str = "") -> tuple[dict[str, str], ...]:
-        """The opening [system, user] messages for one task. ``library`` is the rendered library."""
+    def messages(self, task: Task, library: str = "") -> tuple[dict[str, str], ...]:
+        """The opening [system, user] messages for ``task``. ``library`` is the rendered library
+        (the skills that loaded into the task's interpreter)."""
         env = self._env()
         args = {
             "use_skills": self.use_skills,
             "max_steps": self.max_steps,
             "example": self.example,
             "library": library.strip(),
-            "instruction": instruction.strip(),
+            "context": dict(task.context),
+            "instruction": task.instruction.strip(),
         }
         system = env.get_template("system.j2").render(**args).strip()
         user = env.get_template("task.j2").render(**args).strip()

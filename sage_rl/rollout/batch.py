@@ -12,10 +12,9 @@ import random
 from collections.abc import Sequence
 
 from sage_rl.config import Section
-from sage_rl.envs.base import Suite
 from sage_rl.rollout.advantages import Baseline, compute_advantages
 from sage_rl.rollout.chain import ChainRunner, run_group
-from sage_rl.rollout.rewards import ChainOutcomes, RewardKind, rewards
+from sage_rl.rollout.rewards import ChainOutcomes, RewardKind, compute_rewards
 from sage_rl.skills.library import Library
 from sage_rl.types import Chain, Sample
 
@@ -36,11 +35,12 @@ class RolloutConfig(Section):
 
 
 def check_group_contract(groups: Sequence[Sequence[Chain]]) -> None:
-    """Every chain of a group ran the same task sequence from the same start library."""
+    """Every chain of a group ran the same task sequence from the same start library
+    (``Chain.start_library``: the name and content hash of each skill)."""
     for i, chains in enumerate(groups):
         seqs = {c.task_ids for c in chains}
-        starts = {c.trajectories[0].library_in for c in chains if c.trajectories}
-        if len(seqs) != 1 or len(starts) > 1:
+        starts = {c.start_library for c in chains}
+        if len(seqs) != 1 or len(starts) != 1:
             raise AssertionError(
                 f"group {i} breaks the group contract: sequences {seqs}, start libraries {starts}"
             )
@@ -51,7 +51,7 @@ def to_samples(groups: Sequence[Sequence[Chain]], cfg: RolloutConfig) -> list[Sa
     items = []
     for chains in groups:
         for chain in chains:
-            rs = rewards(cfg.reward, ChainOutcomes.from_chain(chain), cfg.no_code_reward)
+            rs = compute_rewards(cfg.reward, ChainOutcomes.from_chain(chain), cfg.no_code_reward)
             items += [
                 ((chain.task_ids, k), r, traj)
                 for k, (traj, r) in enumerate(zip(chain.trajectories, rs, strict=True))
@@ -68,19 +68,21 @@ def to_samples(groups: Sequence[Sequence[Chain]], cfg: RolloutConfig) -> list[Sa
 
 async def rollout_batch(
     runner: ChainRunner,
-    suite: Suite,
     rng: random.Random,
     cfg: RolloutConfig,
     library: Library | None = None,
+    step: int = 0,
 ) -> list[list[Chain]]:
-    """Sample B task sequences and run G chains of each, all concurrently (bounded)."""
-    sequences = [suite.sample_chain(rng, cfg.chain_length, cfg.split) for _ in range(cfg.groups_per_step)]
+    """Sample B task sequences from the runner's suite and run G chains of each, all
+    concurrently (bounded). ``step`` is the training step (skill provenance)."""
+    sample = runner.suite.sample_chain
+    sequences = [sample(rng, cfg.chain_length, cfg.split) for _ in range(cfg.groups_per_step)]
     start = library or Library()
     sem = asyncio.Semaphore(max(1, cfg.concurrency // max(1, cfg.group_size)))
 
     async def group(i: int, seq) -> list[Chain]:
         async with sem:
-            return await run_group(runner, seq, start, i, cfg.group_size)
+            return await run_group(runner, seq, start, i, cfg.group_size, step)
 
     groups = list(await asyncio.gather(*(group(i, s) for i, s in enumerate(sequences))))
     check_group_contract(groups)

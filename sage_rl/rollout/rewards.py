@@ -21,7 +21,8 @@ K > 2 (our generalisation, docs/algorithm.md)::
 Each bonus is a flat +1, not summed over several uses or several users, so R^k <= r^k + 2.
 No-code penalty: R^k = -1.0 replaces the reward of a trajectory that produced no code, whatever
 the reward kind. The penalty does not reach other positions: a no-code task used no skill, so it
-gives no bonus to anyone.
+gives no bonus to anyone. A task whose environment failed before the policy's first turn
+(``StopReason.ENV_ERROR``, no turns) is scored r = 0 like any failure, without the penalty.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sage_rl.types import Chain
+from sage_rl.types import Chain, StopReason, Trajectory
 
 NO_CODE_REWARD = -1.0
 
@@ -75,53 +76,59 @@ class ChainOutcomes:
         return cls(
             scores=tuple(t.outcome.score for t in trajs),
             successes=tuple(t.outcome.success for t in trajs),
-            produced_code=tuple(t.produced_code for t in trajs),
+            # An episode the environment ended before the policy's first turn is a failure
+            # (score 0), not the policy's no-code failure: no penalty.
+            produced_code=tuple(t.produced_code or _env_failed_first(t) for t in trajs),
             used_from=tuple(tuple(u) for u in used),
         )
 
 
-def _apply_no_code(
-    rewards: Sequence[float], c: ChainOutcomes, no_code_reward: float | None
-) -> tuple[float, ...]:
+def _env_failed_first(t: Trajectory) -> bool:
+    return t.stop is StopReason.ENV_ERROR and not t.turns
+
+
+def _apply_no_code(rs: Sequence[float], c: ChainOutcomes, no_code_reward: float | None) -> tuple[float, ...]:
     if no_code_reward is None:
-        return tuple(rewards)
-    return tuple(r if code else no_code_reward for r, code in zip(rewards, c.produced_code, strict=True))
+        return tuple(rs)
+    return tuple(r if code else no_code_reward for r, code in zip(rs, c.produced_code, strict=True))
 
 
-def skill_integrated(c: ChainOutcomes, no_code_reward: float | None = NO_CODE_REWARD) -> tuple[float, ...]:
+def skill_integrated_reward(
+    c: ChainOutcomes, no_code_reward: float | None = NO_CODE_REWARD
+) -> tuple[float, ...]:
     """R^k = r^k + gen_k + use_k (module docstring); equals the paper's formula for K = 2."""
     ok = c.successes
-    rewards = []
+    out = []
     for k, r in enumerate(c.scores):
         # use_k: task k succeeded and used some earlier task's skill.
         use_bonus = 1.0 if ok[k] and c.used_from[k] else 0.0
         # gen_k: task k succeeded and a later successful task used one of its skills.
         later_users = (m for m in range(k + 1, len(c.scores)) if ok[m] and k in c.used_from[m])
         gen_bonus = 1.0 if ok[k] and any(later_users) else 0.0
-        rewards.append(r + use_bonus + gen_bonus)
-    return _apply_no_code(rewards, c, no_code_reward)
+        out.append(r + use_bonus + gen_bonus)
+    return _apply_no_code(out, c, no_code_reward)
 
 
-def outcome(c: ChainOutcomes, no_code_reward: float | None = NO_CODE_REWARD) -> tuple[float, ...]:
+def outcome_reward(c: ChainOutcomes, no_code_reward: float | None = NO_CODE_REWARD) -> tuple[float, ...]:
     """Ablation: R^k = r^k (then the no-code penalty)."""
     return _apply_no_code(c.scores, c, no_code_reward)
 
 
-def chain(c: ChainOutcomes, no_code_reward: float | None = NO_CODE_REWARD) -> tuple[float, ...]:
+def chain_mean_reward(c: ChainOutcomes, no_code_reward: float | None = NO_CODE_REWARD) -> tuple[float, ...]:
     """Ablation: every task gets mean_k r^k (the paper's chain reward is not public; this is our
     definition). The mean uses the raw scores; the no-code penalty then replaces R per trajectory."""
     mean = sum(c.scores) / len(c.scores) if c.scores else 0.0
     return _apply_no_code([mean] * len(c.scores), c, no_code_reward)
 
 
-def rewards(
+def compute_rewards(
     kind: RewardKind, c: ChainOutcomes, no_code_reward: float | None = NO_CODE_REWARD
 ) -> tuple[float, ...]:
     """The chain's rewards under ``kind`` (an explicit match, not a registry)."""
     match RewardKind(kind):
         case RewardKind.SKILL_INTEGRATED:
-            return skill_integrated(c, no_code_reward)
+            return skill_integrated_reward(c, no_code_reward)
         case RewardKind.OUTCOME:
-            return outcome(c, no_code_reward)
+            return outcome_reward(c, no_code_reward)
         case RewardKind.CHAIN:
-            return chain(c, no_code_reward)
+            return chain_mean_reward(c, no_code_reward)
