@@ -1,70 +1,71 @@
-"""Config sections shared by the entry points, and the one place they are turned into objects.
+"""The composition root: where configs become objects, and where their lifetimes are owned.
 
-``sage-rl eval``, ``train`` and ``collect`` each have one typed config (``RunConfig`` and its
-subclasses); this module builds the policy, the task suite and the chain runner from it
-(STYLE.md, principle 7). Heavy imports (torch, transformers) happen only when a model policy is
-actually built.
+Everything below this module receives built objects and holds no process-wide state
+(ARCHITECTURE.md, principle 8). The commands (``sage_rl/cli``) and the verl integration's entry
+point compose a run from these pieces:
+
+    async with open_suite(cfg) as suite:              # the task suite, and its sandbox: closed on exit
+        policy = build_policy(cfg)                    # or open_training(cfg, resume).policy
+        runner = build_runner(cfg, policy, suite)     # built once; the step goes to runner.run
+        result = await run_eval(runner, cfg)          # or train(...), collect(...)
+
+The typed config of each command is defined here too (``settings.py``): they combine the sections
+of the layers below, so only this layer may know all of them.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import contextlib
+import dataclasses
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 from sage_rl.agent.prompts import DEFAULT_TEMPLATES, PromptBuilder, WorkedExample
-from sage_rl.config import Section
 from sage_rl.envs.base import Suite
-from sage_rl.integrations.appworld.config import AppWorldEnvConfig
-from sage_rl.policies.base import Policy, SamplingParams
-from sage_rl.rollout.chain import ChainRunner, SkillsConfig
-from sage_rl.rollout.episode import AgentConfig
-from sage_rl.sandbox.limits import SandboxLimits
+from sage_rl.policies.base import Policy
+from sage_rl.rollout.chain import ChainRunner
+from sage_rl.settings import CollectConfig, RunConfig, TrainConfig
 from sage_rl.skills.retrieval import make_retriever
+from sage_rl.train.logging import MetricsLogger
+from sage_rl.train.trainer import Trainer
+
+__all__ = [
+    "BuildError",
+    "Training",
+    "build_collect_policy",
+    "build_policy",
+    "build_runner",
+    "open_suite",
+    "open_training",
+    "worked_example",
+]
 
 
-class PolicyConfig(Section):
-    """Which model acts. ``transformers`` with ``model: null`` is the embedded SmolLM2."""
-
-    kind: Literal["transformers", "openai", "scripted"] = "transformers"
-    model: str | None = None  # transformers: a path (HF folder or .gguf); openai: the model name
-    base_url: str = "http://127.0.0.1:8000/v1"  # openai
-    api_key_env: str = "OPENAI_API_KEY"  # openai: the variable holding the key (never the key itself)
-    max_concurrency: int = 16  # openai: requests in flight
-    timeout_s: float = 120.0  # openai
-    max_batch: int = 8  # transformers: sequences sampled together
-    device: str = "auto"  # transformers: "cpu", "cuda" or "auto"
-    expert_seed: int = 0  # scripted: seed of its variation in names and doc lookups
+class BuildError(RuntimeError):
+    """A run could not be composed (missing AppWorld data, an unknown split, no sandbox here...).
+    The message is one line for the user."""
 
 
-class SamplingConfig(Section):
-    temperature: float = 0.7
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = 0
-
-    def params(self, max_tokens: int) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_p, self.top_k, max_tokens, self.seed)
-
-
-class PocketWorldConfig(Section):
-    sandbox: bool = True  # run agent code in the sandbox worker (in-process only for debugging)
-
-
-class RunConfig(Section):
-    """What every rollout-driving command shares."""
-
-    env: Literal["pocketworld", "appworld"] = "pocketworld"
-    pocketworld: PocketWorldConfig = PocketWorldConfig()
-    appworld: AppWorldEnvConfig = AppWorldEnvConfig()
-    policy: PolicyConfig = PolicyConfig()
-    sampling: SamplingConfig = SamplingConfig()
-    agent: AgentConfig = AgentConfig(max_steps=10, max_tokens_per_turn=384, context_limit=8192)
-    skills: SkillsConfig = SkillsConfig()
-    sandbox: SandboxLimits = SandboxLimits()  # limits for agent code (docs/sandbox.md)
-    worked_example: bool = True  # show a solved train task in the prompt
-    seed: int = 0
+@contextlib.asynccontextmanager
+async def open_suite(cfg: RunConfig, split: str | None = None) -> AsyncIterator[Suite]:
+    """The suite ``cfg.env`` names, with its sandbox when agent code runs in one; both are closed
+    when the block ends. ``split``, when given, is checked to exist first (``BuildError``)."""
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            suite = _suite(cfg, stack)
+        except Exception as e:
+            raise BuildError(str(e) or type(e).__name__) from e
+        stack.push_async_callback(suite.close)
+        if split is not None:
+            try:
+                suite.split(split)
+            except Exception as e:  # a missing split or missing data is a one-line user error
+                raise BuildError(str(e) or type(e).__name__) from e
+        yield suite
 
 
-def build_suite(cfg: RunConfig) -> Suite:
+def _suite(cfg: RunConfig, stack: contextlib.AsyncExitStack) -> Suite:
     if cfg.env == "appworld":
         from sage_rl.integrations.appworld.env import AppWorldSuite
 
@@ -72,10 +73,14 @@ def build_suite(cfg: RunConfig) -> Suite:
     from sage_rl.envs.pocketworld.env import PocketWorldSuite
 
     if not cfg.pocketworld.sandbox:
-        return PocketWorldSuite()
-    from sage_rl.envs.pocketworld.sandboxed import executor_factory
+        return PocketWorldSuite()  # in-process: for debugging only
+    from sage_rl.envs.pocketworld.sandboxed import SandboxExecutors
+    from sage_rl.sandbox import Sandbox
 
-    return PocketWorldSuite(executor_factory=executor_factory(cfg.sandbox))
+    sandbox = stack.enter_context(Sandbox(cfg.sandbox))  # starts the template (once, ~1 s)
+    assert sandbox.isolation is not None
+    print(f"[sage-rl] {sandbox.isolation.line()}", file=sys.stderr)
+    return PocketWorldSuite(SandboxExecutors(sandbox))
 
 
 def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
@@ -83,8 +88,8 @@ def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
     p = cfg.policy
     params = cfg.sampling.params(cfg.agent.max_tokens_per_turn)
     if p.kind == "scripted":
+        from sage_rl.envs.pocketworld.expert import ScriptedExpert
         from sage_rl.models import load_tokenizer
-        from sage_rl.policies.scripted import ScriptedExpert
 
         tok = load_tokenizer(p.model)  # count the expert's tokens as the default model would
         return ScriptedExpert(
@@ -111,23 +116,31 @@ def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
     return TransformersPolicy(model, tokenizer, params=params, max_batch=p.max_batch)
 
 
+def build_collect_policy(cfg: CollectConfig) -> Policy:
+    """The expert of ``sage-rl collect``: the scripted one (with its give-up rate) or any policy."""
+    if cfg.policy.kind == "scripted":
+        from sage_rl.envs.pocketworld.expert import ScriptedExpert
+
+        return ScriptedExpert(seed=cfg.policy.expert_seed, fail_rate=cfg.scripted_fail_rate)
+    return build_policy(cfg)
+
+
 def worked_example(suite: Suite) -> WorkedExample | None:
-    """A solved train task for the prompt (never from an evaluation split)."""
-    example = getattr(suite, "worked_example", None)
-    if not callable(example):
+    """A solved train task for the prompt, when the suite has one (never from an evaluation split)."""
+    example = suite.worked_example()
+    if example is None:
         return None
-    instruction, steps = example()
+    instruction, steps = example
     return WorkedExample(instruction, tuple(steps))
 
 
-def build_runner(cfg: RunConfig, policy: Policy, suite: Suite, step: int = 0) -> ChainRunner:
-    example = worked_example(suite) if cfg.worked_example else None
-    template_dir = getattr(suite, "prompt_dir", DEFAULT_TEMPLATES)  # AppWorld brings its own templates
+def build_runner(cfg: RunConfig, policy: Policy, suite: Suite) -> ChainRunner:
+    """The chain runner shared by every chain of a run (training, evaluation, collection)."""
     prompts = PromptBuilder(
         use_skills=cfg.skills.use_skills,
         max_steps=cfg.agent.max_steps,
-        example=example,
-        template_dir=template_dir,
+        example=worked_example(suite) if cfg.worked_example else None,
+        template_dir=suite.prompt_dir or DEFAULT_TEMPLATES,
     )
     return ChainRunner(
         policy=policy,
@@ -137,5 +150,39 @@ def build_runner(cfg: RunConfig, policy: Policy, suite: Suite, step: int = 0) ->
         skills=cfg.skills,
         params=cfg.sampling.params(cfg.agent.max_tokens_per_turn),
         retriever=make_retriever(cfg.skills.retrieval),
-        step=step,
     )
+
+
+@dataclasses.dataclass
+class Training:
+    """A training run's objects: the trainer (and the model it owns), the policy sampling from
+    that very model, the metrics logger, and the steps already done (resume)."""
+
+    trainer: Trainer
+    policy: Policy
+    logger: MetricsLogger
+    start: int
+    model_source: str | None
+
+
+def open_training(cfg: TrainConfig, resume: bool) -> Training:
+    """Load the model (``init_from`` when that checkpoint exists, else ``policy.model``), wrap it
+    in a ``Trainer``, open the run folder (resuming from its last checkpoint when asked) and build
+    the policy over the trained model. Raises ``FileExistsError`` for a used run folder without
+    ``resume``. The caller closes ``logger``."""
+    from sage_rl.models import load_model
+    from sage_rl.train.checkpoint import open_run
+
+    source = cfg.init_from if cfg.init_from and Path(cfg.init_from).is_dir() else cfg.policy.model
+    model, tokenizer = load_model(source, device=cfg.policy.device)
+    trainer = Trainer(model, tokenizer, cfg.trainer)
+    logger, start = open_run(
+        trainer,
+        Path(cfg.out_dir),
+        resume,
+        tensorboard=cfg.tensorboard,
+        wandb_project=cfg.wandb_project,
+        trackio_project=cfg.trackio_project,
+    )
+    policy = build_policy(cfg, model=trainer.model, tokenizer=tokenizer)
+    return Training(trainer, policy, logger, start, source)

@@ -12,6 +12,9 @@ its library carried from task to task, once per temperature of a sweep. Then:
 Every task gets exactly one reason when dropped, checked in that order: ``scenario_rejected``,
 ``no_code``, ``task_failed``, ``duplicate``. Each finished scenario is committed to the folder at
 once (``collect_store``), so a collection can be interrupted and resumed.
+
+``collect`` receives a built ``ChainRunner`` (``sage_rl.build``); the command's whole config is
+``sage_rl.settings.CollectConfig`` (these settings plus what every command shares).
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from sage_rl.build import PolicyConfig, RunConfig, build_runner
 from sage_rl.collect_store import CollectStore, ScenarioRecord, TaskRecord, conversation_hash
+from sage_rl.config import Section
 from sage_rl.data.records import ChatExample, episode_messages, example_from_trajectory
 from sage_rl.envs.base import Suite
 from sage_rl.eval.runner import scenarios_of
@@ -41,10 +44,9 @@ REASONS = ("scenario_rejected", "no_code", "task_failed", "duplicate")
 Format = Literal["jsonl", "hf", "sharegpt"]
 
 
-class CollectConfig(RunConfig):
-    """``sage-rl collect``: every key is documented in docs/collect.md."""
+class CollectSettings(Section):
+    """The collection's own settings (``sage-rl collect`` holds these keys at its top level)."""
 
-    policy: PolicyConfig = PolicyConfig(kind="scripted")
     split: str = "train"
     #: None = the split's listed scenarios (PocketWorld train: seed 0 of every train template).
     #: N = the first N listed ones, then (train only) more sampled with ``seed`` until N in all.
@@ -62,7 +64,7 @@ class CollectConfig(RunConfig):
     resume: bool = True  # continue the collection in out_dir; false = start over
 
     @model_validator(mode="after")
-    def _check(self) -> CollectConfig:
+    def _check(self) -> CollectSettings:
         if self.keep_first_n > self.tasks_per_scenario:
             raise ValueError(
                 f"keep_first_n={self.keep_first_n} is more than tasks_per_scenario={self.tasks_per_scenario}"
@@ -72,32 +74,6 @@ class CollectConfig(RunConfig):
         if len(set(self.temperatures)) != len(self.temperatures):
             raise ValueError(f"temperatures must not repeat, got {self.temperatures}")
         return self
-
-    def identity(self) -> dict[str, Any]:
-        """The settings that decide what a (scenario, temperature) job produces and keeps.
-
-        A collection folder may be resumed with more temperatures or scenarios, or other
-        concurrency and formats, but not with a different identity.
-        """
-        p = self.policy
-        return {
-            "env": self.env,
-            "split": self.split,
-            "seed": self.seed,
-            "policy": {
-                "kind": p.kind,
-                "model": p.model,
-                "base_url": p.base_url,
-                "expert_seed": p.expert_seed,
-            },
-            "sampling": self.sampling.model_dump(mode="json", exclude={"temperature"}),
-            "agent": self.agent.model_dump(mode="json"),
-            "skills": self.skills.model_dump(mode="json"),
-            "tasks_per_scenario": self.tasks_per_scenario,
-            "keep_first_n": self.keep_first_n,
-            "keep_failed_tasks": self.keep_failed_tasks,
-            "scripted_fail_rate": self.scripted_fail_rate,
-        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,14 +135,16 @@ class OpeningRecorder:
     def __init__(self, inner: Policy) -> None:
         self.inner = inner
         self.name = inner.name
-        self.tokenizer = inner.tokenizer
+        self.renderer = inner.renderer
         self.openings: dict[str, tuple[dict[str, str], ...]] = {}
 
     async def generate(self, request: PolicyRequest) -> Completion:
-        if request.task is None:
-            raise ValueError("OpeningRecorder needs request.task to know which episode a request belongs to")
+        if not request.task_id:
+            raise ValueError(
+                "OpeningRecorder needs request.task_id to know which episode a request belongs to"
+            )
         if not any(m["role"] == "assistant" for m in request.messages):
-            self.openings[request.task.task_id] = tuple(dict(m) for m in request.messages)
+            self.openings[request.task_id] = tuple(dict(m) for m in request.messages)
         return await self.inner.generate(request)
 
 
@@ -202,14 +180,16 @@ def judge(
     chain: Chain,
     openings: Mapping[str, Sequence[Mapping[str, str]]],
     job: Job,
-    cfg: CollectConfig,
+    cfg: CollectSettings,
     seen: Callable[[str], bool],
+    record_temperature: bool = True,
 ) -> tuple[ScenarioRecord, list[ChatExample]]:
-    """Apply rejection, the no-code rule and dedup (``seen`` says a hash is already in the dataset)."""
+    """Apply rejection, the no-code rule and dedup (``seen`` says a hash is already in the dataset).
+    ``record_temperature=False`` for a policy that ignores it (the scripted expert): the examples
+    then carry none (records.ChatExample)."""
     trajs = chain.trajectories
     reasons = screen(trajs, cfg.keep_first_n, cfg.keep_failed_tasks)
-    # The scripted expert ignores the temperature, so none is recorded (records.ChatExample).
-    temperature = None if cfg.policy.kind == "scripted" else job.temperature
+    temperature = job.temperature if record_temperature else None
     kept, hashes, tasks = [], set(), []
     for traj, reason in zip(trajs, reasons, strict=True):
         if reason is None:
@@ -241,21 +221,22 @@ def _task_record(traj: Trajectory, reason: str | None) -> TaskRecord:
 
 
 async def collect(
-    cfg: CollectConfig,
-    policy: Policy,
-    suite: Suite,
+    cfg: CollectSettings,
+    runner: ChainRunner,
     store: CollectStore,
     on_done: Callable[[ScenarioRecord], None] | None = None,
+    seed: int = 0,
+    record_temperature: bool = True,
 ) -> list[ScenarioRecord]:
     """Run every job not yet in ``store``, committing each as it finishes; returns the new records.
 
-    Jobs run ``cfg.concurrency`` at a time. Commits happen on the event loop's thread, one at a
-    time, in the order jobs finish (so with concurrency 1 the dataset's order is the plan's). An
-    error (or an interrupt) in any job, or in ``on_done``, cancels the rest and propagates.
+    Scenarios come from ``runner.suite`` (``seed`` samples the extra train scenarios). Jobs run
+    ``cfg.concurrency`` at a time. Commits happen on the event loop's thread, one at a time, in the
+    order jobs finish (so with concurrency 1 the dataset's order is the plan's). An error (or an
+    interrupt) in any job, or in ``on_done``, cancels the rest and propagates.
     """
-    scenarios = plan_scenarios(suite, cfg.split, cfg.num_scenarios, cfg.tasks_per_scenario, cfg.seed)
+    scenarios = plan_scenarios(runner.suite, cfg.split, cfg.num_scenarios, cfg.tasks_per_scenario, seed)
     todo = [j for j in plan_jobs(scenarios, cfg.temperatures) if j.key not in store.done]
-    runner = build_runner(cfg, policy, suite)
     sem = asyncio.Semaphore(cfg.concurrency)
     new: list[ScenarioRecord] = []
     failed = False  # a job failed: the others stop before starting (in-process jobs never yield)
@@ -267,7 +248,7 @@ async def collect(
                 return
             try:
                 chain, openings = await run_job(runner, job)
-                record, examples = judge(chain, openings, job, cfg, store.seen)
+                record, examples = judge(chain, openings, job, cfg, store.seen, record_temperature)
                 new.append(store.commit(record, examples))
                 if on_done:
                     on_done(new[-1])
@@ -287,11 +268,10 @@ async def collect(
     return new
 
 
-def count_jobs(cfg: CollectConfig, suite: Suite) -> int:
+def count_jobs(cfg: CollectSettings, suite: Suite, seed: int = 0) -> int:
     """How many jobs the whole collection has (for a progress bar's total)."""
-    return len(plan_scenarios(suite, cfg.split, cfg.num_scenarios, cfg.tasks_per_scenario, cfg.seed)) * len(
-        cfg.temperatures
-    )
+    scenarios = plan_scenarios(suite, cfg.split, cfg.num_scenarios, cfg.tasks_per_scenario, seed)
+    return len(scenarios) * len(cfg.temperatures)
 
 
 def summarize(records: Sequence[ScenarioRecord]) -> dict[str, Any]:

@@ -126,7 +126,8 @@ def test_appworld_prompts_render_with_the_agents_builder_and_name_the_supervisor
     from sage_rl.types import Task
 
     builder = prompt_builder(use_skills=True, max_steps=12)
-    system, user = builder.messages("Play my queue.", library="def play(q):\n    ...")
+    queue = Task("q_1", "q", 1, "Play my queue.", "dev", env="appworld")
+    system, user = builder.messages(queue, library="def play(q):\n    ...")
     assert "apis.api_docs.show_app_descriptions()" in system["content"]
     assert "apis.supervisor.complete_task" in system["content"] and "at most 12 steps" in system["content"]
     assert "# Skills" in system["content"]
@@ -151,11 +152,10 @@ def test_appworld_prompts_render_with_the_agents_builder_and_name_the_supervisor
 
 @pytest.mark.parametrize("name", ["appworld_eval", "appworld_collect"])
 def test_appworld_configs_validate_against_the_commands_schemas(name: str) -> None:
-    from sage_rl.cli.eval import EvalConfig
-    from sage_rl.collect import CollectConfig
     from sage_rl.config import load_config
+    from sage_rl.settings import CollectConfig, EvalRunConfig
 
-    model = EvalConfig if name == "appworld_eval" else CollectConfig
+    model = EvalRunConfig if name == "appworld_eval" else CollectConfig
     cfg = load_config(model, Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml")
     assert cfg.env == "appworld" and cfg.policy.kind == "openai"
     assert cfg.split in ("dev", "train")  # test splits only for final numbers, by override

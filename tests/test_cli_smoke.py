@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sage_rl.build import RunConfig
-from sage_rl.cli.eval import EvalConfig
 from sage_rl.config import load_config
-from sage_rl.train.loop import TrainConfig
+from sage_rl.settings import EvalRunConfig, RunConfig, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "sage_rl.cli"]
@@ -92,7 +90,7 @@ def test_bad_config_fails_at_start_naming_the_field(tmp_path):
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").rglob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_validates(path):
-    model = {"eval.yaml": EvalConfig}.get(path.name, TrainConfig)
+    model = {"eval.yaml": EvalRunConfig}.get(path.name, TrainConfig)
     if path.name.startswith(("appworld", "sft", "collect")):
         pytest.skip(f"{path.name} is validated by its own command's tests")
     cfg = load_config(model, path)

@@ -17,7 +17,6 @@ import typer
 from sage_rl.build import build_runner
 from sage_rl.collect import (
     REASONS,
-    CollectConfig,
     collect,
     plan_jobs,
     plan_scenarios,
@@ -29,10 +28,12 @@ from sage_rl.collect_store import CollectStore, StoreError
 from sage_rl.data.export import read_hf, read_sharegpt
 from sage_rl.data.records import read_jsonl
 from sage_rl.envs.pocketworld.env import PocketWorldSuite
+from sage_rl.envs.pocketworld.expert import ScriptedExpert
 from sage_rl.envs.pocketworld.scenarios import templates
+from sage_rl.envs.pocketworld.tasks import task_by_id
 from sage_rl.policies.base import Completion, PolicyRequest
-from sage_rl.policies.scripted import ScriptedExpert
-from sage_rl.types import Outcome, StopReason, Task, Trajectory, Turn
+from sage_rl.settings import CollectConfig
+from sage_rl.types import ExecResult, Outcome, StopReason, Task, Trajectory, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,15 +49,23 @@ def config(tmp_path: Path, **kw) -> CollectConfig:
 
 def run(cfg: CollectConfig, policy, suite, on_done=None) -> CollectStore:
     store = CollectStore(cfg.out_dir, cfg.name, cfg.identity(), resume=cfg.resume)
-    asyncio.run(collect(cfg, policy, suite, store, on_done))
+    asyncio.run(_collect(cfg, policy, suite, store, on_done))
     return store
+
+
+async def _collect(cfg: CollectConfig, policy, suite, store, on_done=None):
+    """What ``sage-rl collect`` runs once the root has built its runner."""
+    runner = build_runner(cfg, policy, suite)
+    return await collect(
+        cfg, runner, store, on_done, cfg.seed, record_temperature=cfg.policy.kind != "scripted"
+    )
 
 
 class Spy:
     """Passes requests through and keeps them (what the policy actually saw)."""
 
     def __init__(self, inner) -> None:
-        self.inner, self.name, self.tokenizer = inner, inner.name, None
+        self.inner, self.name, self.renderer = inner, inner.name, None
         self.requests: list[PolicyRequest] = []
 
     async def generate(self, request: PolicyRequest) -> Completion:
@@ -68,10 +77,10 @@ class NoCodeAt:
     """The scripted expert, except that it answers without code at the given task positions."""
 
     def __init__(self, inner, positions: set[int]) -> None:
-        self.inner, self.positions, self.name, self.tokenizer = inner, positions, inner.name, None
+        self.inner, self.positions, self.name, self.renderer = inner, positions, inner.name, None
 
     async def generate(self, request: PolicyRequest) -> Completion:
-        if request.task.position in self.positions:
+        if task_by_id(request.task_id).position in self.positions:
             return Completion(text="I am not sure how to do this.")
         return await self.inner.generate(request)
 
@@ -81,7 +90,7 @@ class NoCodeFirst:
     is shown the conversation without that turn, so it follows its usual plan)."""
 
     def __init__(self, inner) -> None:
-        self.inner, self.name, self.tokenizer = inner, inner.name, None
+        self.inner, self.name, self.renderer = inner, inner.name, None
 
     async def generate(self, request: PolicyRequest) -> Completion:
         if not any(m["role"] == "assistant" for m in request.messages):
@@ -110,7 +119,7 @@ def test_scripted_expert_covers_every_train_template_with_exact_messages(tmp_pat
     # episode is a prefix of its example, and the example continues with the reply to it
     by_task = defaultdict(list)
     for r in spy.requests:
-        by_task[r.task.task_id].append(r)
+        by_task[r.task_id].append(r)
     for ex in examples:
         chat = ex.chat()
         requests = by_task[ex.task_id]
@@ -122,14 +131,14 @@ def test_scripted_expert_covers_every_train_template_with_exact_messages(tmp_pat
     # the opening of a first task is the prompt builder's, with an empty library section
     first = next(ex for ex in examples if ex.position == 1)
     prompts = build_runner(config(tmp_path), spy, suite).prompts
-    assert first.library == () and prompts.messages(_instruction(first, suite), "") == tuple(first.chat()[:2])
+    assert first.library == () and prompts.messages(_task(first, suite), "") == tuple(first.chat()[:2])
     # a later task saw the skills the first one saved, in its library section
     later = next(ex for ex in examples if ex.position == 2 and ex.scenario_id == first.scenario_id)
     assert later.library and all(f"def {name}(" in later.messages[1].content for name in later.library)
 
 
-def _instruction(ex, suite) -> str:
-    return next(t.instruction for t in suite.split("train") if t.task_id == ex.task_id)
+def _task(ex, suite) -> Task:
+    return next(t for t in suite.split("train") if t.task_id == ex.task_id)
 
 
 def test_rejection_drops_exactly_the_scenarios_whose_first_tasks_failed(tmp_path, suite):
@@ -196,7 +205,7 @@ def test_a_no_code_turn_inside_a_kept_trace_is_kept_untrained(tmp_path, suite):
 def test_screen_rules_on_hand_made_trajectories():
     def traj(pos: int, success: bool, code: bool) -> Trajectory:
         task = Task(f"s_{pos}", "s", pos, "do it", "train")
-        turn = Turn((), (), "x", "print(1)" if code else None, "1")
+        turn = Turn((), (), "x", "print(1)" if code else None, ExecResult("1", True))
         return Trajectory(task, (), (turn,), Outcome(float(success), success), StopReason.COMPLETED)
 
     ok, bad, nocode_ok, nocode_bad = (
@@ -255,10 +264,10 @@ def test_resume_after_interrupt_equals_uninterrupted(tmp_path, suite):
 
     partial = CollectStore(cfg.out_dir, cfg.name, cfg.identity())
     with pytest.raises(Interrupt):
-        asyncio.run(collect(cfg, expert, suite, partial, stop_after_5))
+        asyncio.run(_collect(cfg, expert, suite, partial, stop_after_5))
     again = CollectStore(cfg.out_dir, cfg.name, cfg.identity())
     assert len(again.done) == 5 and again.dropped_bytes == 0
-    new = asyncio.run(collect(cfg, expert, suite, again))
+    new = asyncio.run(_collect(cfg, expert, suite, again))
     assert len(new) == 12 - 5
     assert again.dataset.read_bytes() == full.dataset.read_bytes()
     assert summarize(again.records) == summarize(full.records)
@@ -282,7 +291,7 @@ def test_resume_after_crash_mid_write_truncates_partial_lines(tmp_path, suite):
     store = CollectStore(cfg.out_dir, cfg.name, cfg.identity())
     assert len(store.done) == job and store.dropped_bytes > 0
     assert store.dataset.stat().st_size == before and store.ledger.read_bytes().endswith(b"\n")
-    asyncio.run(collect(cfg, expert, suite, store))
+    asyncio.run(_collect(cfg, expert, suite, store))
     assert store.dataset.read_bytes() == data
     assert summarize(store.records) == summarize(full.records)
     assert len(read_jsonl(store.dataset)) == summarize(full.records)["examples"]
@@ -297,7 +306,7 @@ def test_resume_refuses_another_config_and_lost_data(tmp_path, suite):
     # more scenarios and temperatures are fine: only the new jobs run
     more = config(tmp_path, num_scenarios=3, temperatures=[0.7, 0.9])
     grown = CollectStore(more.out_dir, more.name, more.identity())
-    assert len(asyncio.run(collect(more, ScriptedExpert(seed=0), suite, grown))) == 4
+    assert len(asyncio.run(_collect(more, ScriptedExpert(seed=0), suite, grown))) == 4
     store.dataset.write_bytes(b"")
     with pytest.raises(StoreError, match="edited or lost"):
         CollectStore(cfg.out_dir, cfg.name, cfg.identity())

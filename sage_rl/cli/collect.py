@@ -11,13 +11,13 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from sage_rl.build import build_policy, build_suite
+from sage_rl.build import BuildError, build_collect_policy, build_runner, open_suite
 from sage_rl.cli.common import err, fail, load_or_exit, progress
-from sage_rl.collect import REASONS, CollectConfig, collect, count_jobs, summarize
+from sage_rl.collect import REASONS, collect, count_jobs, summarize
 from sage_rl.collect_store import CollectStore, StoreError
 from sage_rl.config import dump_config
 from sage_rl.data.export import ExportError, export_hf, export_sharegpt
-from sage_rl.policies.base import Policy
+from sage_rl.settings import CollectConfig
 
 #: What each drop reason means, for the summary table (docs/collect.md).
 _MEANING = {
@@ -35,33 +35,24 @@ def main(
 ) -> None:
     """Run an expert over a split, scenario by scenario, and keep what passes (overrides: key.sub=value)."""
     cfg = load_or_exit(CollectConfig, config, ctx.args, default="configs/collect.yaml")
-    try:
-        suite = build_suite(cfg)
-        total = count_jobs(cfg, suite)
-    except Exception as e:  # a missing split or too few scenarios is a one-line user error
-        raise fail(str(e)) from None
     out = Path(cfg.out_dir)
-    try:
-        store = CollectStore(out, cfg.name, cfg.identity(), resume=cfg.resume)
-    except StoreError as e:
-        raise fail(str(e), 2) from None
-    (out / "config.yaml").write_text(dump_config(cfg))
-    _announce(cfg, store, total)
-    policy = _policy(cfg)
+    opened: list[CollectStore] = []  # the store, once the suite and the plan are known to be good
     t0 = time.perf_counter()
     try:
-        _run(cfg, policy, suite, store, total)
+        asyncio.run(_collect(cfg, opened))
+    except (BuildError, StoreError) as e:  # a missing split, too few scenarios, another config
+        raise fail(str(e), 2 if isinstance(e, StoreError) else 1) from None
     except Exception as e:  # an environment or backend failure: what is committed stays committed
         raise fail(
-            f"collection stopped by {type(e).__name__}: {e}; {len(store.records)} of {total} jobs are saved "
-            f"in {out}; run the same command again to resume"
+            f"collection stopped by {type(e).__name__}: {e}; {_saved(opened)} jobs are saved in {out}; "
+            "run the same command again to resume"
         ) from None
     except KeyboardInterrupt:
         raise fail(
-            f"interrupted: {len(store.records)} of {total} jobs are saved in {out}; "
-            "run the same command again to resume",
+            f"interrupted: {_saved(opened)} jobs are saved in {out}; run the same command again to resume",
             130,
         ) from None
+    store = opened[0]
     summary = _finish(cfg, store, time.perf_counter() - t0)
     _print_summary(summary)
     err.print(f"dataset: {store.dataset}")
@@ -69,14 +60,32 @@ def main(
         typer.echo(json.dumps(summary))
 
 
-def _policy(cfg: CollectConfig) -> Policy:
-    if cfg.policy.kind == "scripted":
-        from sage_rl.policies.scripted import ScriptedExpert
+async def _collect(cfg: CollectConfig, opened: list[CollectStore]) -> None:
+    """Open the suite (and its sandbox), run the jobs not yet done, close what was opened."""
+    async with open_suite(cfg, split=cfg.split) as suite:
+        try:
+            total = count_jobs(cfg, suite, cfg.seed)
+        except ValueError as e:  # too few scenarios for num_scenarios
+            raise BuildError(str(e)) from None
+        store = CollectStore(Path(cfg.out_dir), cfg.name, cfg.identity(), resume=cfg.resume)
+        opened.append(store)
+        (store.folder / "config.yaml").write_text(dump_config(cfg))
+        _announce(cfg, store, total)
+        runner = build_runner(cfg, build_collect_policy(cfg), suite)
+        with progress() as bar:
+            job = bar.add_task("scenarios", total=total, completed=len(store.done))
 
-        return ScriptedExpert(seed=cfg.policy.expert_seed, fail_rate=cfg.scripted_fail_rate)
-    if cfg.scripted_fail_rate:
-        raise fail("scripted_fail_rate applies only to policy.kind=scripted", 2)
-    return build_policy(cfg)
+            def done(_record) -> None:
+                kept = sum(r.examples for r in store.records)
+                bar.update(job, advance=1, description=f"scenarios ({kept} examples kept)")
+
+            await collect(
+                cfg, runner, store, done, cfg.seed, record_temperature=cfg.policy.kind != "scripted"
+            )
+
+
+def _saved(opened: list[CollectStore]) -> int:
+    return len(opened[0].records) if opened else 0
 
 
 def _announce(cfg: CollectConfig, store: CollectStore, total: int) -> None:
@@ -89,17 +98,6 @@ def _announce(cfg: CollectConfig, store: CollectStore, total: int) -> None:
         )
     if cfg.policy.kind == "scripted" and len(cfg.temperatures) > 1:
         err.print("note: the scripted expert ignores the temperature; more temperatures only add duplicates")
-
-
-def _run(cfg: CollectConfig, policy: Policy, suite, store: CollectStore, total: int) -> None:
-    with progress() as bar:
-        job = bar.add_task("scenarios", total=total, completed=len(store.done))
-
-        def done(_record) -> None:
-            kept = sum(r.examples for r in store.records)
-            bar.update(job, advance=1, description=f"scenarios ({kept} examples kept)")
-
-        asyncio.run(collect(cfg, policy, suite, store, done))
 
 
 def _finish(cfg: CollectConfig, store: CollectStore, wall_s: float) -> dict[str, Any]:

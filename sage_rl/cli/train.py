@@ -9,10 +9,12 @@ from pathlib import Path
 
 import typer
 
+from sage_rl.build import BuildError, Training, build_runner, open_suite, open_training
 from sage_rl.cli.common import err, fail, load_or_exit, progress
 from sage_rl.config import dump_config
 from sage_rl.eval.report import headline_rows
-from sage_rl.train.loop import TrainConfig, TrainResult, train
+from sage_rl.settings import TrainConfig
+from sage_rl.train.loop import TrainResult, train
 
 
 def main(
@@ -27,40 +29,26 @@ def main(
     cfg = load_or_exit(TrainConfig, config, ctx.args, default="configs/quickstart.yaml")
     if cfg.policy.kind != "transformers":
         raise fail("the local trainer trains a transformers policy (policy.kind=transformers)", 2)
-    from sage_rl.build import build_policy
-    from sage_rl.models import load_model
-    from sage_rl.train.checkpoint import open_run
-    from sage_rl.train.trainer import Trainer
-
     out = Path(cfg.out_dir)
     t0 = time.perf_counter()
-    start_model = cfg.policy.model
-    if cfg.init_from and Path(cfg.init_from).is_dir():
-        start_model = cfg.init_from
-        err.print(f"starting from {start_model} (init_from)")
-    model, tokenizer = load_model(start_model, device=cfg.policy.device)
-    trainer = Trainer(model, tokenizer, cfg.trainer)
     try:
-        logger, start = open_run(
-            trainer,
-            out,
-            resume,
-            tensorboard=cfg.tensorboard,
-            wandb_project=cfg.wandb_project,
-            trackio_project=cfg.trackio_project,
-        )
+        run = open_training(cfg, resume)
     except FileExistsError as e:
         raise fail(f"{e} (pass --resume, or out_dir=...)", 2) from None
+    if run.model_source != cfg.policy.model:
+        err.print(f"starting from {run.model_source} (init_from)")
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_config(cfg))
-    policy = build_policy(cfg, model=trainer.model, tokenizer=tokenizer)
     err.print(
-        f"training {policy.name}: steps {start}->{cfg.steps}, K={cfg.rollout.chain_length}, "
+        f"training {run.policy.name}: steps {run.start}->{cfg.steps}, K={cfg.rollout.chain_length}, "
         f"G={cfg.rollout.group_size}, B={cfg.rollout.groups_per_step}, reward={cfg.rollout.reward.value}; run folder {out}"
     )
-    with progress() as bar:
-        result = asyncio.run(train(cfg, trainer, policy, logger, start, bar))
-    logger.close()
+    try:
+        result = asyncio.run(_train(cfg, run))
+    except BuildError as e:
+        raise fail(str(e)) from None
+    finally:
+        run.logger.close()
     summary = _summary(result, time.perf_counter() - t0)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "report.md").write_text(_report(cfg, result, summary))
@@ -68,6 +56,14 @@ def main(
     err.print(f"done in {summary['wall_s']:.0f} s; report: {out / 'report.md'}")
     if as_json:
         typer.echo(json.dumps(summary))
+
+
+async def _train(cfg: TrainConfig, run: Training) -> TrainResult:
+    """Open the suite (and its sandbox), train, close what was opened."""
+    async with open_suite(cfg) as suite:
+        runner = build_runner(cfg, run.policy, suite)
+        with progress() as bar:
+            return await train(runner, run.trainer, run.logger, cfg, cfg.seed, run.start, bar)
 
 
 def _summary(r: TrainResult, wall: float) -> dict:

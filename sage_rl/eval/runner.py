@@ -1,19 +1,109 @@
-"""Scenario-ordered evaluation (SAGE.md section 8).
+"""Scenario-ordered evaluation (SAGE.md section 8): the one evaluation of sage-rl.
 
 Each scenario's tasks run in order as one chain, with the library carried from task to task;
 scenarios run concurrently. The same ``ChainRunner`` drives training rollouts, so evaluation
-measures exactly the agent that is trained.
+measures exactly the agent that is trained. ``sage-rl eval`` and the training loop's periodic
+evaluations both call ``run_eval``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from itertools import groupby
+from typing import Any
 
+from pydantic import Field, field_validator
+
+from sage_rl.config import Section
+from sage_rl.eval.metrics import EvalMetrics, compute_metrics
 from sage_rl.rollout.chain import ChainRunner
 from sage_rl.skills.library import Library
+from sage_rl.skills.retrieval import STRATEGIES, make_retriever
 from sage_rl.types import Chain, Task
+
+
+class EvalConfig(Section):
+    """What to evaluate on, and how."""
+
+    split: str = "dev"
+    #: retrieval strategies to compare; "all" = every strategy. The first is the headline.
+    strategies: list[str] = ["same_scenario"]
+    concurrency: int | None = Field(4, ge=1, description="scenarios in flight; null = all at once")
+    limit_scenarios: int | None = Field(None, ge=1, description="only the first N scenarios (smoke runs)")
+    library_store: str | None = None  # start every scenario from this SQLite skill store
+
+    @field_validator("strategies")
+    @classmethod
+    def _known(cls, value: list[str]) -> list[str]:
+        if value == ["all"]:
+            return list(STRATEGIES)
+        unknown = [s for s in value if s not in STRATEGIES]
+        if unknown or not value:
+            raise ValueError(
+                f"unknown retrieval strategy {unknown[0] if unknown else None!r}; "
+                f"choose from {', '.join(STRATEGIES)} or all"
+            )
+        return value
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+    """Metrics and chains per strategy (in ``EvalConfig.strategies`` order), and the wall time."""
+
+    metrics: dict[str, EvalMetrics]
+    chains: dict[str, list[Chain]]
+    seconds: float
+
+    @property
+    def headline(self) -> EvalMetrics:
+        return next(iter(self.metrics.values()))
+
+
+async def run_eval(
+    runner: ChainRunner, cfg: EvalConfig, step: int = 0, progress: Any = None, label: str = ""
+) -> EvalResult:
+    """Evaluate ``runner``'s policy on ``cfg.split`` of its suite, once per retrieval strategy.
+
+    ``progress`` is a rich ``Progress`` (one bar per strategy, labelled ``label + strategy``);
+    ``step`` is the training step recorded in the provenance of skills saved meanwhile.
+    """
+    scenarios = scenarios_of(runner.suite.split(cfg.split))[: cfg.limit_scenarios]
+    tasks = [t for s in scenarios for t in s]
+    library = start_library(cfg.library_store)
+    t0 = time.perf_counter()
+    metrics, chains = {}, {}
+    for strategy in cfg.strategies:
+        on_done = None
+        if progress is not None:
+            job = progress.add_task(f"{label}{strategy}: scenarios", total=len(scenarios))
+            on_done = lambda _chain, job=job: progress.advance(job)  # noqa: E731
+        done = await evaluate_chains(
+            with_strategy(runner, strategy), tasks, library, cfg.concurrency, on_done, step
+        )
+        chains[strategy], metrics[strategy] = done, compute_metrics(done)
+    return EvalResult(metrics, chains, time.perf_counter() - t0)
+
+
+def with_strategy(runner: ChainRunner, strategy: str) -> ChainRunner:
+    """``runner`` retrieving with ``strategy`` (the rest of its retrieval settings kept)."""
+    retrieval = runner.skills.retrieval.model_copy(update={"strategy": strategy})
+    if retrieval == runner.skills.retrieval:
+        return runner
+    skills = runner.skills.model_copy(update={"retrieval": retrieval})
+    return dataclasses.replace(runner, skills=skills, retriever=make_retriever(retrieval))
+
+
+def start_library(store: str | None) -> Library:
+    """The library every scenario starts from: empty, or the latest skills of a SQLite store."""
+    if not store:
+        return Library()
+    from sage_rl.skills.store import SkillStore
+
+    with SkillStore(store) as s:
+        return Library.of(s.latest())
 
 
 def scenarios_of(tasks: Sequence[Task]) -> list[tuple[Task, ...]]:
@@ -28,17 +118,20 @@ async def evaluate_chains(
     runner: ChainRunner,
     tasks: Sequence[Task],
     library: Library,
-    concurrency: int = 4,
+    concurrency: int | None = 4,
     on_done: Callable[[Chain], None] | None = None,
+    step: int = 0,
 ) -> list[Chain]:
-    """Run every scenario of ``tasks`` as one chain starting from ``library``; results in order."""
-    sem = asyncio.Semaphore(concurrency)
+    """Run every scenario of ``tasks`` as one chain starting from ``library``; results in order.
+    ``concurrency`` bounds the scenarios in flight (None: all at once)."""
+    scenarios = scenarios_of(tasks)
+    sem = asyncio.Semaphore(concurrency or max(1, len(scenarios)))
 
     async def one(i: int, scenario: tuple[Task, ...]) -> Chain:
         async with sem:
-            chain = await runner.run(scenario, library, group_index=i, chain_index=0)
+            chain = await runner.run(scenario, library, group_index=i, chain_index=0, step=step)
         if on_done:
             on_done(chain)
         return chain
 
-    return list(await asyncio.gather(*(one(i, s) for i, s in enumerate(scenarios_of(tasks)))))
+    return list(await asyncio.gather(*(one(i, s) for i, s in enumerate(scenarios))))

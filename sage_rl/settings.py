@@ -1,0 +1,138 @@
+"""The typed config of each rollout-driving command, part of the composition root (``build.py``).
+
+A command's config is ``RunConfig`` (what every command that runs chains shares: environment,
+policy, sampling, agent limits, skills, sandbox) plus the section of the layer that does the work,
+whose keys sit at the top level of the YAML file:
+
+    sage-rl eval     EvalRunConfig  = RunConfig + eval.runner.EvalConfig   + out_dir
+    sage-rl train    TrainConfig    = RunConfig + train.loop.LoopConfig    + trainer, model, logging
+    sage-rl collect  CollectConfig  = RunConfig + collect.CollectSettings  (scripted expert by default)
+
+Only this layer may combine them: the AppWorld section comes from ``integrations/``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import model_validator
+
+from sage_rl.collect import CollectSettings
+from sage_rl.config import Section
+from sage_rl.eval.runner import EvalConfig
+from sage_rl.integrations.appworld.config import AppWorldEnvConfig
+from sage_rl.policies.base import SamplingParams
+from sage_rl.rollout.chain import SkillsConfig
+from sage_rl.rollout.episode import AgentConfig
+from sage_rl.sandbox.limits import SandboxLimits
+from sage_rl.train.loop import LoopConfig
+from sage_rl.train.trainer import TrainerConfig
+
+
+class PolicyConfig(Section):
+    """Which model acts. ``transformers`` with ``model: null`` is the embedded SmolLM2."""
+
+    kind: Literal["transformers", "openai", "scripted"] = "transformers"
+    model: str | None = None  # transformers: a path (HF folder or .gguf); openai: the model name
+    base_url: str = "http://127.0.0.1:8000/v1"  # openai
+    api_key_env: str = "OPENAI_API_KEY"  # openai: the variable holding the key (never the key itself)
+    max_concurrency: int = 16  # openai: requests in flight
+    timeout_s: float = 120.0  # openai
+    max_batch: int = 8  # transformers: sequences sampled together
+    device: str = "auto"  # transformers: "cpu", "cuda" or "auto"
+    expert_seed: int = 0  # scripted: seed of its variation in names and doc lookups
+
+
+class SamplingConfig(Section):
+    temperature: float = 0.7
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = 0
+
+    def params(self, max_tokens: int) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_p, self.top_k, max_tokens, self.seed)
+
+
+class PocketWorldConfig(Section):
+    sandbox: bool = True  # run agent code in the sandbox worker (in-process only for debugging)
+
+
+class RunConfig(Section):
+    """What every rollout-driving command shares."""
+
+    env: Literal["pocketworld", "appworld"] = "pocketworld"
+    pocketworld: PocketWorldConfig = PocketWorldConfig()
+    appworld: AppWorldEnvConfig = AppWorldEnvConfig()
+    policy: PolicyConfig = PolicyConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    agent: AgentConfig = AgentConfig(max_steps=10, max_tokens_per_turn=384, context_limit=8192)
+    skills: SkillsConfig = SkillsConfig()
+    sandbox: SandboxLimits = SandboxLimits()  # limits for agent code (docs/sandbox.md)
+    worked_example: bool = True  # show a solved train task in the prompt
+    seed: int = 0
+
+
+class EvalRunConfig(RunConfig, EvalConfig):
+    """``sage-rl eval``."""
+
+    out_dir: str = "runs/eval"
+
+
+class TrainConfig(RunConfig, LoopConfig):
+    """``sage-rl train``."""
+
+    trainer: TrainerConfig = TrainerConfig()
+    #: start from this checkpoint when it exists (e.g. the SFT model), else from ``policy.model``
+    init_from: str | None = None
+    tensorboard: bool = True
+    wandb_project: str | None = None
+    trackio_project: str | None = None
+
+
+class CollectConfig(RunConfig, CollectSettings):
+    """``sage-rl collect``: every key is documented in docs/collect.md."""
+
+    policy: PolicyConfig = PolicyConfig(kind="scripted")
+
+    @model_validator(mode="after")
+    def _fail_rate_is_scripted(self) -> CollectConfig:
+        if self.scripted_fail_rate and self.policy.kind != "scripted":
+            raise ValueError("scripted_fail_rate applies only to policy.kind=scripted")
+        return self
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that decide what a (scenario, temperature) job produces and keeps.
+
+        A collection folder may be resumed with more temperatures or scenarios, or other
+        concurrency and formats, but not with a different identity.
+        """
+        p = self.policy
+        return {
+            "env": self.env,
+            "split": self.split,
+            "seed": self.seed,
+            "policy": {
+                "kind": p.kind,
+                "model": p.model,
+                "base_url": p.base_url,
+                "expert_seed": p.expert_seed,
+            },
+            "sampling": self.sampling.model_dump(mode="json", exclude={"temperature"}),
+            "agent": self.agent.model_dump(mode="json"),
+            "skills": self.skills.model_dump(mode="json"),
+            "tasks_per_scenario": self.tasks_per_scenario,
+            "keep_first_n": self.keep_first_n,
+            "keep_failed_tasks": self.keep_failed_tasks,
+            "scripted_fail_rate": self.scripted_fail_rate,
+        }
+
+
+__all__ = [
+    "CollectConfig",
+    "EvalRunConfig",
+    "PocketWorldConfig",
+    "PolicyConfig",
+    "RunConfig",
+    "SamplingConfig",
+    "TrainConfig",
+]
