@@ -34,8 +34,8 @@ def one_token_rows(rows):
 
 def test_every_clip_branch_value_gradient_and_fraction():
     logp, old, adv, mask = one_token_rows(BRANCHES)
-    out = clipped_surrogate(logp, old, adv, mask)
     n = len(BRANCHES)
+    out = clipped_surrogate(logp, old, adv, mask, num_chains=n)
     assert out.loss.item() == pytest.approx(sum(r[2] for r in BRANCHES) / n)  # 0.4 / 6
     out.loss.backward()
     assert logp.grad[:, 0].tolist() == pytest.approx([r[3] / n for r in BRANCHES])
@@ -67,8 +67,10 @@ def test_aggregations():
     # token means: row 0 -(1.0+1.1)/2 = -1.05, row 1 -(0.9+0.95+1.15)/3 = -1.0
     one_chain = clipped_surrogate(logp, old, adv, mask, num_chains=1)  # the two rows are positions of 1 chain
     assert one_chain.loss.item() == pytest.approx(-2.05)
-    two_chains = clipped_surrogate(logp, old, adv, mask)  # default: each row its own chain
+    two_chains = clipped_surrogate(logp, old, adv, mask, num_chains=2)  # each row its own chain
     assert two_chains.loss.item() == pytest.approx(-1.025)
+    with pytest.raises(ValueError, match="pass num_chains"):  # never guessed from the rows
+        clipped_surrogate(logp, old, adv, mask)
     tok = clipped_surrogate(logp, old, adv, mask, agg=LossAgg.TOKEN_MEAN)
     assert tok.loss.item() == pytest.approx(-5.1 / 5)
     assert tok.num_tokens == 5
@@ -92,8 +94,8 @@ def test_aggregations():
 def test_masked_positions_change_nothing():
     a_logp, old, adv, mask = two_rows_with_padding(1.0)
     b_logp, _, _, _ = two_rows_with_padding(7.0)  # a wild ratio in the padded slot
-    a = clipped_surrogate(a_logp, old, adv, mask)
-    b = clipped_surrogate(b_logp, old, adv, mask)
+    a = clipped_surrogate(a_logp, old, adv, mask, num_chains=2)
+    b = clipped_surrogate(b_logp, old, adv, mask, num_chains=2)
     assert a.loss.item() == pytest.approx(b.loss.item())
     assert b.ratio_max == pytest.approx(1.15)
     b.loss.backward()
@@ -104,7 +106,11 @@ def test_masked_positions_change_nothing():
 def test_empty_row_contributes_zero():
     logp = torch.zeros(2, 2, requires_grad=True)
     out = clipped_surrogate(
-        logp, torch.zeros(2, 2), torch.tensor([1.0, 1.0]), torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+        logp,
+        torch.zeros(2, 2),
+        torch.tensor([1.0, 1.0]),
+        torch.tensor([[1.0, 1.0], [0.0, 0.0]]),
+        num_chains=2,
     )
     assert out.loss.item() == pytest.approx(-1.0 / 2)
 
@@ -113,17 +119,19 @@ def test_kl_to_reference_k3():
     logp = torch.full((1, 1), math.log(0.5), requires_grad=True)
     ref = torch.full((1, 1), math.log(0.25))
     zero_adv = torch.zeros(1)
-    out = clipped_surrogate(logp, logp.detach(), zero_adv, torch.ones(1, 1), ref_logp_BT=ref, kl_coef=0.1)
+    out = clipped_surrogate(
+        logp, logp.detach(), zero_adv, torch.ones(1, 1), num_chains=1, ref_logp_BT=ref, kl_coef=0.1
+    )
     k3 = 0.5 - math.log(0.5) - 1.0  # exp(d) - d - 1 with d = log 0.25 - log 0.5 = log 0.5
     assert out.loss.item() == pytest.approx(0.1 * k3)
     assert out.kl_ref == pytest.approx(k3)
-    off = clipped_surrogate(logp, logp.detach(), zero_adv, torch.ones(1, 1), ref_logp_BT=ref)
+    off = clipped_surrogate(logp, logp.detach(), zero_adv, torch.ones(1, 1), num_chains=1, ref_logp_BT=ref)
     assert off.loss.item() == 0.0
 
 
 def test_approx_kl_diagnostic():
     logp, old, adv, mask = one_token_rows([(1.0, 2.0)])
-    out = clipped_surrogate(logp, old, adv, mask)
+    out = clipped_surrogate(logp, old, adv, mask, num_chains=1)
     assert out.approx_kl == pytest.approx(1.0 - math.log(2.0))
 
 
@@ -206,7 +214,16 @@ def test_agrees_with_trl_grpo_loss(loss_type, agg, beta):
 
     ours_logp = logp_data.clone().requires_grad_(True)
     ours = clipped_surrogate(
-        ours_logp, old, adv, mask, eps_low=0.2, eps_high=0.28, agg=agg, ref_logp_BT=ref, kl_coef=beta
+        ours_logp,
+        old,
+        adv,
+        mask,
+        eps_low=0.2,
+        eps_high=0.28,
+        agg=agg,
+        num_chains=B,
+        ref_logp_BT=ref,
+        kl_coef=beta,
     )
     ours.loss.backward()
     trl_logp = logp_data.clone().requires_grad_(True)

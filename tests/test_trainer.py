@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 from sage_rl.train.trainer import LoraConfig, Trainer, TrainerConfig
-from sage_rl.types import Outcome, Sample, StopReason, Task, Trajectory, Turn
+from sage_rl.types import ExecResult, Outcome, Sample, StopReason, Task, Trajectory, Turn
 
 torch.set_num_threads(1)
 VOCAB = 64
@@ -41,7 +42,7 @@ def make_sample(prompt, turns, adv, task_id="t_1", position=0):
             gen_logprobs=(-1.0,) * len(g),
             text="",
             code="x",
-            observation="",
+            result=ExecResult("", True),
             obs_ids=tuple(o),
         )
         for g, o in turns
@@ -124,7 +125,9 @@ def test_logprob_mismatch_against_the_sampler():
     def with_logprobs(lps):
         s = make_sample(ids[:3], [(ids[3:], [])], 1.0)
         turn = s.trajectory.turns[0]
-        t2 = Turn(gen_ids=turn.gen_ids, gen_logprobs=tuple(lps), text="", code="x", observation="")
+        t2 = Turn(
+            gen_ids=turn.gen_ids, gen_logprobs=tuple(lps), text="", code="x", result=ExecResult("", True)
+        )
         traj = Trajectory(
             s.trajectory.task, s.trajectory.prompt_ids, (t2,), s.trajectory.outcome, s.trajectory.stop
         )
@@ -204,7 +207,7 @@ def test_batch_metrics_by_position():
     def s(pos, score, code=True, used=(), saved=(), reward=None):
         base = make_sample([1, 2], [([3, 4], [])], 0.0, position=pos)
         t = base.trajectory
-        turns = t.turns if code else (Turn((3, 4), (-1.0, -1.0), "", None, ""),)
+        turns = t.turns if code else (Turn((3, 4), (-1.0, -1.0), "", None, ExecResult("", False)),)
         traj = Trajectory(
             t.task,
             t.prompt_ids,
@@ -231,6 +234,10 @@ def test_batch_metrics_by_position():
     assert m["skill_save_rate/k0"] == 1.0 and m["skills_saved/k0"] == 1.5
     assert math.isnan(m["skill_use_success/k0"])
     assert m["gen_tokens_per_task"] == 2.0 and m["turns"] == 1.0
+    assert m["env_error_rate"] == 0.0
+    env_failed = s(0, 0.0)
+    env_failed = Sample(env_failed.group, replace(env_failed.trajectory, stop=StopReason.ENV_ERROR), 0.0, 0.0)
+    assert batch_metrics([s(0, 1.0), env_failed])["env_error_rate"] == 0.5
 
 
 def test_metrics_logger_rows_offsets_and_truncation(tmp_path):
@@ -250,7 +257,7 @@ def test_metrics_logger_rows_offsets_and_truncation(tmp_path):
 
 
 def test_token_logprobs_alignment_and_entropy():
-    from sage_rl.train.optim import _entropy, token_logprobs
+    from sage_rl.train.logprobs import _entropy, token_logprobs
 
     logits = torch.zeros(1, 3, 4)  # uniform over 4 tokens at positions 0, 1; position 2 is dropped
     logits[0, 1] = torch.tensor([0.0, 0.0, 0.0, math.log(3.0)])  # p = (1/6, 1/6, 1/6, 1/2)
@@ -280,7 +287,7 @@ def test_chunked_head_matches_the_plain_path():
 
 
 def test_chunked_head_is_refused_when_the_split_changes_the_logits():
-    from sage_rl.train.optim import ChunkedHead
+    from sage_rl.train.logprobs import ChunkedHead
 
     model = small_model()
     model.config.logit_scale = 2.0  # not used by Llama: the split still matches

@@ -13,9 +13,9 @@ import copy
 import torch
 
 from sage_rl.rollout.advantages import compute_advantages
-from sage_rl.rollout.rewards import ChainOutcomes, outcome
+from sage_rl.rollout.rewards import ChainOutcomes, outcome_reward
 from sage_rl.train.trainer import Trainer, TrainerConfig
-from sage_rl.types import Outcome, Sample, StopReason, Task, Trajectory, Turn
+from sage_rl.types import ExecResult, Outcome, Sample, StopReason, Task, Trajectory, Turn
 
 torch.set_num_threads(1)
 TARGET = 4096
@@ -40,13 +40,16 @@ def rollout(model, tasks):
     for task, prompt in tasks:
         for gen, lp in zip(*sample(model, prompt, G), strict=True):
             score = float(gen[0] < TARGET)
-            turn = Turn(gen_ids=tuple(gen), gen_logprobs=tuple(lp), text="", code="say()", observation="")
+            turn = Turn(
+                gen_ids=tuple(gen), gen_logprobs=tuple(lp), text="", code="say()", result=ExecResult("", True)
+            )
             trajs.append(
                 Trajectory(task, tuple(prompt), (turn,), Outcome(score, score == 1.0), StopReason.COMPLETED)
             )
     # K = 1 chains: each trajectory is its own chain; the group is (task sequence, position 0)
     rewards = [
-        outcome(ChainOutcomes((t.outcome.score,), (t.outcome.success,), (True,), ((),)))[0] for t in trajs
+        outcome_reward(ChainOutcomes((t.outcome.score,), (t.outcome.success,), (True,), ((),)))[0]
+        for t in trajs
     ]
     keys = [((t.task.task_id,), 0) for t in trajs]
     adv = compute_advantages(list(zip(keys, rewards, strict=True)))

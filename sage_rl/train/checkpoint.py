@@ -138,15 +138,29 @@ def _is_peft(model: Any) -> bool:
 
 
 def _save_model(trainer: Trainer, folder: Path) -> None:
+    save_model(trainer.model, trainer.tokenizer, model_dir=folder / "model", adapter_dir=folder / "adapter")
+
+
+def save_model(
+    model: Any, tokenizer: Any, model_dir: Path | None = None, adapter_dir: Path | None = None
+) -> None:
+    """Hugging Face folders of ``model`` (the GRPO trainer's checkpoints and SFT's output).
+
+    ``model_dir``: the full weights (a LoRA model's MERGED weights; the model itself is left
+    unmerged) and the tokenizer, for ``from_pretrained``, ``sage-rl eval`` and vLLM.
+    ``adapter_dir`` (LoRA only): the peft adapter and the tokenizer, which resuming loads.
+    """
     from sage_rl.models import save_plain
 
-    model = trainer.model
-    if _is_peft(model):
-        model.save_pretrained(folder / "adapter")
-        model = copy.deepcopy(model).merge_and_unload()  # merged weights for eval and vLLM
-    save_plain(model, folder / "model")
-    if trainer.tokenizer is not None:
-        trainer.tokenizer.save_pretrained(folder / "model")
+    if _is_peft(model) and adapter_dir is not None:
+        model.save_pretrained(adapter_dir)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(adapter_dir)
+    if model_dir is not None:
+        plain = copy.deepcopy(model).merge_and_unload() if _is_peft(model) else model
+        save_plain(plain, model_dir)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(model_dir)
 
 
 def _load_model(trainer: Trainer, ckpt: Path) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sage_rl.types import Sample
+from sage_rl.types import Sample, StopReason
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -28,7 +28,8 @@ METRICS_FILE = "metrics.jsonl"
 class MetricsLogger:
     """Writes metric rows. ``resume_offset`` truncates an existing file to that many bytes first;
     without it an existing file is appended to. ``wandb_project`` / ``trackio_project`` turn those
-    backends on; a backend that is configured but not installed is skipped with a warning."""
+    backends on; a backend that is configured but not installed is skipped with a warning.
+    ``tag_prefix`` is put before each TensorBoard tag (SFT logs ``sft/<name>``)."""
 
     def __init__(
         self,
@@ -39,6 +40,7 @@ class MetricsLogger:
         wandb_project: str | None = None,
         trackio_project: str | None = None,
         run_name: str | None = None,
+        tag_prefix: str = "",
     ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -46,6 +48,7 @@ class MetricsLogger:
         if resume_offset is not None:
             truncate_metrics(self.path, resume_offset)
         self._file = self.path.open("a", encoding="utf-8")
+        self._prefix = tag_prefix  # of TensorBoard tags (``sft/loss``); rows keep the plain names
         self._tb = _tensorboard(self.run_dir / "tb", purge_step) if tensorboard else None
         self._wandb = _optional_run("wandb", wandb_project, run_name, self.run_dir)
         self._trackio = _optional_run("trackio", trackio_project, run_name, self.run_dir)
@@ -60,7 +63,7 @@ class MetricsLogger:
         }
         if self._tb is not None:
             for k, v in scalars.items():
-                self._tb.add_scalar(k, v, step)
+                self._tb.add_scalar(self._prefix + k, v, step)
             self._tb.flush()
         for run in (self._wandb, self._trackio):
             if run is not None:
@@ -148,6 +151,7 @@ def _rollout_stats(samples: Sequence[Sample], suffix: str) -> dict[str, float]:
         f"score{suffix}": sum(t.outcome.score for t in trajs) / n,
         f"success{suffix}": sum(t.outcome.success for t in trajs) / n,
         f"no_code_rate{suffix}": sum(not t.produced_code for t in trajs) / n,
+        f"env_error_rate{suffix}": sum(t.stop is StopReason.ENV_ERROR for t in trajs) / n,
         f"skill_use_rate{suffix}": sum(used) / n,
         f"skill_use_success{suffix}": sum(used_ok) / len(used_ok) if used_ok else float("nan"),
         f"skill_save_rate{suffix}": sum(bool(t.skills_saved) for t in trajs) / n,

@@ -13,8 +13,10 @@ Aggregations (mask m = 1 on generated tokens only):
   chains". A sample with no generated token contributes 0.
 - ``token_mean``: L = sum_it m_it l_it / num_tokens, num_tokens = all generated tokens of the batch.
 
-``num_chains`` and ``num_tokens`` default to this batch's own values. A trainer that splits a batch
-into micro-batches passes the whole batch's values, so the micro-batch losses sum to the full loss.
+``num_chains`` must be given for ``seq_mean_token_mean``: the rows of a batch are the K tasks of
+each chain, so their count is not the number of chains. ``num_tokens`` defaults to this batch's
+own count. A trainer that splits a batch into micro-batches passes the whole batch's values, so
+the micro-batch losses sum to the full loss.
 
 KL to a reference policy (off by default) is the k3 estimator of KL(pi || pi_ref),
 k3 = exp(ref - logp) - (ref - logp) - 1, aggregated like the surrogate.
@@ -22,15 +24,11 @@ k3 = exp(ref - logp) - (ref - logp) - 1, aggregated like the surrogate.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import torch
 
-
-class LossAgg(enum.StrEnum):
-    SEQ_MEAN_TOKEN_MEAN = "seq_mean_token_mean"
-    TOKEN_MEAN = "token_mean"
+from sage_rl.train.config import LossAgg
 
 
 @dataclass(frozen=True)
@@ -92,10 +90,16 @@ def clipped_surrogate(
     kl_coef: float = 0.0,
 ) -> LossOutput:
     """The GRPO clipped-surrogate loss to minimise (module docstring). ``old_logp_BT`` and
-    ``ref_logp_BT`` are treated as constants (detached)."""
+    ``ref_logp_BT`` are treated as constants (detached). ``num_chains`` is required for
+    ``seq_mean_token_mean`` (ValueError otherwise)."""
     _check_shapes(logp_BT, old_logp_BT, adv_B, mask_BT)
+    if num_chains is None and LossAgg(agg) is LossAgg.SEQ_MEAN_TOKEN_MEAN:
+        raise ValueError(
+            "clipped_surrogate: seq_mean_token_mean divides by the number of chains; pass num_chains "
+            "(the K samples of one chain are not K chains)"
+        )
     mask_BT = mask_BT.to(logp_BT.dtype)
-    n_chains = float(logp_BT.shape[0]) if num_chains is None else float(num_chains)
+    n_chains = float(num_chains or 1)
     n_tokens = float(mask_BT.sum().item()) if num_tokens is None else float(num_tokens)
     log_ratio_BT = logp_BT - old_logp_BT.detach()
     ratio_BT = torch.exp(log_ratio_BT)

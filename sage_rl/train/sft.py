@@ -8,7 +8,9 @@ A plain PyTorch loop, read top to bottom in ``train_sft``:
     -> save a Hugging Face checkpoint (merged if LoRA) + tokenizer
 
 Normalising by the trained tokens of the whole optimizer step (not per micro-batch) makes padding
-and packing compute the same gradient for the same examples.
+and packing compute the same gradient for the same examples. LoRA wrapping, the optimizer and its
+step, the metrics logger and the model's export are the GRPO trainer's own (``train/lora.py``,
+``train/optim.py``, ``train/logging.py``, ``train/checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ from rich.progress import (
 
 from sage_rl.config import dump_config
 from sage_rl.data.records import ChatExample, DatasetError
+from sage_rl.train.checkpoint import save_model
+from sage_rl.train.logging import MetricsLogger
+from sage_rl.train.lora import with_lora
+from sage_rl.train.optim import build_optimizer, optimizer_step
 from sage_rl.train.sft_config import SFTConfig, SFTLora
 from sage_rl.train.sft_data import (
     Batch,
@@ -138,19 +144,6 @@ def eval_loss(model: Any, encoded: Sequence[Encoded], cfg: SFTConfig, pad_id: in
     return total / max(tokens, 1)
 
 
-def with_lora(model: Any, lora: SFTLora) -> Any:
-    from peft import LoraConfig, get_peft_model
-
-    config = LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=lora.target_modules,
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, config)
-
-
 def lr_at(step: int, total: int, cfg: SFTConfig) -> float:
     """Linear warmup over ``warmup_steps``, then constant or cosine decay to 0 at ``total``."""
     o = cfg.optim
@@ -162,26 +155,6 @@ def lr_at(step: int, total: int, cfg: SFTConfig) -> float:
     return o.lr * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-class MetricsLog:
-    """One JSON object per line in ``metrics.jsonl``, and the same scalars in TensorBoard."""
-
-    def __init__(self, folder: Path) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.file = (folder / "metrics.jsonl").open("w", encoding="utf-8")
-        self.tb = SummaryWriter(str(folder / "tb"))
-
-    def write(self, step: int, metrics: dict[str, float]) -> None:
-        self.file.write(json.dumps({"step": step, **metrics}) + "\n")
-        self.file.flush()
-        for k, v in metrics.items():
-            self.tb.add_scalar(f"sft/{k}", v, step)
-
-    def close(self) -> None:
-        self.file.close()
-        self.tb.close()
-
-
 def save_checkpoint(model: Any, tokenizer: Any, folder: Path, lora: SFTLora) -> tuple[Any, Path]:
     """Save a Hugging Face checkpoint + tokenizer; returns (the model saved, its folder).
 
@@ -189,13 +162,11 @@ def save_checkpoint(model: Any, tokenizer: Any, folder: Path, lora: SFTLora) -> 
     ``lora.merge`` the merged weights in ``<folder>/final`` (what vLLM and ``load_model`` read).
     """
     if lora.enabled:
-        model.save_pretrained(str(folder / "adapter"))
-        tokenizer.save_pretrained(str(folder / "adapter"))
+        save_model(model, tokenizer, adapter_dir=folder / "adapter")
         if not lora.merge:
             return model, folder / "adapter"
         model = model.merge_and_unload()
-    model.save_pretrained(str(folder / "final"))
-    tokenizer.save_pretrained(str(folder / "final"))
+    save_model(model, tokenizer, model_dir=folder / "final")
     return model, folder / "final"
 
 
@@ -228,32 +199,30 @@ def train_sft(
     (out_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
     data = prepare(examples, conversation, cfg)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if cfg.lora.enabled:
-        model = with_lora(model, cfg.lora)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    model = with_lora(model, cfg.lora.adapters())
+    opt = build_optimizer(model, cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     total = num_steps(len(make_rows(data.train, cfg.optim.packing, cfg.data.max_length)), cfg)
-    log = MetricsLog(out_dir)
+    log = MetricsLogger(out_dir, resume_offset=0, tag_prefix="sft/")  # a new run: the file starts empty
     before = eval_loss(model, data.eval, cfg, pad_id)
     if before is not None:
-        log.write(0, {"eval_loss": before})
+        log.log(0, {"eval_loss": before})
     stream = micro_batches(data.train, cfg, pad_id)
     model.train()
     losses: list[float] = []
     with progress_bar(show_progress) as bar:
         task = bar.add_task("sft", total=total)
         for step in range(1, total + 1):
-            metrics = optimizer_step(model, params, opt, stream, lr_at(step - 1, total, cfg), cfg)
+            metrics = sft_step(model, opt, stream, lr_at(step - 1, total, cfg), cfg)
             losses.append(metrics["loss"])
             if data.eval and cfg.output.eval_every and step % cfg.output.eval_every == 0 and step < total:
                 metrics["eval_loss"] = eval_loss(model, data.eval, cfg, pad_id)
             if step % cfg.output.log_every == 0 or step == total:
-                log.write(step, metrics)
+                log.log(step, metrics)
             bar.update(task, advance=1, description=f"sft loss {metrics['loss']:.3f}")
     model.eval()
     after = eval_loss(model, data.eval, cfg, pad_id)
     if after is not None:
-        log.write(total, {"eval_loss": after})
+        log.log(total, {"eval_loss": after})
     log.close()
     model, ckpt = save_checkpoint(model, tokenizer, out_dir, cfg.lora)
     n_tokens = sum(e.num_trained for e in data.train)
@@ -265,13 +234,8 @@ def train_sft(
     return model, result
 
 
-def optimizer_step(
-    model: Any,
-    params: list[torch.nn.Parameter],
-    opt: torch.optim.Optimizer,
-    stream: Iterator,
-    lr: float,
-    cfg: SFTConfig,
+def sft_step(
+    model: Any, opt: torch.optim.Optimizer, stream: Iterator, lr: float, cfg: SFTConfig
 ) -> dict[str, float]:
     """One optimizer step over ``grad_accum`` micro-batches; loss = NLL sum / trained tokens of the step."""
     window = [next(stream) for _ in range(cfg.optim.grad_accum)]
@@ -281,11 +245,7 @@ def optimizer_step(
         loss = forward_loss_sum(model, batch) / n_tokens
         loss.backward()
         total += loss.item()
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip))
-    for group in opt.param_groups:
-        group["lr"] = lr
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    grad_norm = optimizer_step(opt, cfg.optim.grad_clip, lr)
     return {
         "loss": total,
         "lr": lr,

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from sage_rl.config import Section
+from sage_rl.train.lora import LoraConfig
 
 
 class SFTData(Section):
@@ -42,6 +43,12 @@ class SFTLora(Section):
     merge: bool = Field(
         True, description="save the merged model (loadable by vLLM); the adapter is saved too"
     )
+
+    def adapters(self) -> LoraConfig | None:
+        """The trainer's LoRA settings for these keys (None when LoRA is off)."""
+        if not self.enabled:
+            return None
+        return LoraConfig(r=self.r, alpha=self.alpha, dropout=self.dropout, targets=self.target_modules)
 
 
 class SFTOutput(Section):

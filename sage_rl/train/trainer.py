@@ -20,75 +20,87 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-from pydantic import Field
 
-from sage_rl.config import Section
-from sage_rl.train.loss import LossAgg, clipped_surrogate
-from sage_rl.train.optim import (
-    ChunkedHead,
-    StepStats,
-    TokenBatch,
-    build_optimizer,
-    collate,
-    micro_batches,
-    token_logprobs,
-)
+from sage_rl.train.batch import PreparedSample, TokenBatch, collate, micro_batches
+from sage_rl.train.config import LoraConfig, TrainerConfig
+from sage_rl.train.logprobs import ChunkedHead, token_logprobs
+from sage_rl.train.lora import with_lora
+from sage_rl.train.loss import LossOutput, clipped_surrogate
+from sage_rl.train.optim import build_optimizer, optimizer_step
 from sage_rl.types import Sample
 
-
-class LoraConfig(Section):
-    """LoRA through peft; ``None`` in ``TrainerConfig.lora`` = full-parameter training."""
-
-    r: int = Field(16, gt=0)
-    alpha: int = Field(32, gt=0)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    targets: list[str] | Literal["all-linear"] = "all-linear"
-
-
-class TrainerConfig(Section):
-    lr: float = Field(1e-6, gt=0, description="constant learning rate (the paper's, at 32B)")
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = Field(0.0, ge=0)
-    grad_clip: float = Field(1.0, gt=0, description="max global gradient norm")
-    micro_batch_size: int = Field(4, gt=0, description="sequences per forward/backward")
-    eps_low: float = Field(0.2, ge=0, lt=1)
-    eps_high: float = Field(0.2, ge=0)
-    loss_agg: LossAgg = LossAgg.SEQ_MEAN_TOKEN_MEAN
-    kl_coef: float = Field(0.0, ge=0, description="k3 KL to the initial model; 0 = off (no reference kept)")
-    lora: LoraConfig | None = None
-    dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="auto = fp32 on CPU, bf16 on GPU"
-    )
-    old_logprobs: Literal["same_pass", "recompute"] = "same_pass"
-    chunked_head: bool = Field(
-        True,
-        description="logprobs of generated tokens only, in tiles, without (B, T, V) logits (auto-checked)",
-    )
-    seed: int = 0
+__all__ = ["LoraConfig", "MicroStep", "StepStats", "Trainer", "TrainerConfig"]
 
 
 @dataclass(frozen=True)
-class PreparedSample:
-    """One sample's exact token arrays and advantage, checked."""
+class MicroStep:
+    """What one micro-batch's forward/backward gave: the loss terms, the old logprobs used in the
+    ratio (detached) and the entropy of each predictive distribution (detached)."""
 
-    ids: list[int]
-    mask: list[int]
-    sampler_logprobs: list[float]
-    advantage: float
+    loss: LossOutput
+    old_logp_BT: torch.Tensor
+    entropy_BT: torch.Tensor
 
-    @classmethod
-    def of(cls, s: Sample) -> PreparedSample:
-        ids, mask, lps = s.trajectory.token_arrays()
-        task = s.trajectory.task.task_id
-        if not (len(ids) == len(mask) == len(lps)):
-            raise ValueError(f"sample of task {task}: ids, mask and logprobs differ in length")
-        if not ids or mask[0]:
-            raise ValueError(f"sample of task {task}: empty prompt (the first token cannot be trained)")
-        return cls(ids, mask, lps, float(s.advantage))
+
+@dataclass
+class StepStats:
+    """Token-weighted sums over the micro-batches of one step (docs/metrics.md defines each)."""
+
+    loss: float = 0.0
+    gen_tokens: int = 0
+    seq_tokens: int = 0
+    padded_tokens: int = 0
+    entropy_sum: float = 0.0
+    clip_low_sum: float = 0.0
+    clip_high_sum: float = 0.0
+    approx_kl_sum: float = 0.0
+    kl_ref_sum: float = 0.0
+    mismatch_sum: float = 0.0
+    mismatch_max: float = 0.0
+    ratio_min: float = field(default=float("inf"))
+    ratio_max: float = field(default=float("-inf"))
+
+    def add(self, m: MicroStep, b: TokenBatch) -> None:
+        out, old_logp_BT, entropy_BT = m.loss, m.old_logp_BT, m.entropy_BT
+        n = out.num_tokens
+        sel = b.mask_BT.bool()
+        self.loss += float(out.loss.item())
+        self.gen_tokens += n
+        self.seq_tokens += b.seq_tokens
+        self.padded_tokens += b.ids_BT.numel()
+        self.entropy_sum += float(entropy_BT[sel].sum().item())
+        self.clip_low_sum += out.clip_frac_low * n
+        self.clip_high_sum += out.clip_frac_high * n
+        self.approx_kl_sum += out.approx_kl * n
+        self.kl_ref_sum += out.kl_ref * n
+        if n:
+            diff = (b.sampler_logp_BT - old_logp_BT.float())[sel].abs()
+            self.mismatch_sum += float(diff.sum().item())
+            self.mismatch_max = max(self.mismatch_max, float(diff.max().item()))
+            self.ratio_min = min(self.ratio_min, out.ratio_min)
+            self.ratio_max = max(self.ratio_max, out.ratio_max)
+
+    def as_metrics(self) -> dict[str, float]:
+        n = max(self.gen_tokens, 1)
+        return {
+            "loss": self.loss,
+            "entropy": self.entropy_sum / n,
+            "clip_frac_low": self.clip_low_sum / n,
+            "clip_frac_high": self.clip_high_sum / n,
+            "approx_kl": self.approx_kl_sum / n,
+            "kl_ref": self.kl_ref_sum / n,
+            "ratio_min": self.ratio_min if self.gen_tokens else 1.0,
+            "ratio_max": self.ratio_max if self.gen_tokens else 1.0,
+            "logprob_mismatch": self.mismatch_sum / n,
+            "logprob_mismatch_max": self.mismatch_max,
+            "gen_tokens": float(self.gen_tokens),
+            "seq_tokens": float(self.seq_tokens),
+            "pad_fraction": 1.0 - self.seq_tokens / max(self.padded_tokens, 1),
+        }
 
 
 class Trainer:
@@ -106,7 +118,7 @@ class Trainer:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model = _maybe_lora(model, cfg.lora).to(self.device)
+        self.model = with_lora(model, cfg.lora).to(self.device)
         # Reference for the optional KL term: the initial weights (LoRA: the base, adapters off).
         self.ref_model = None
         if cfg.kl_coef > 0 and cfg.lora is None:
@@ -130,15 +142,12 @@ class Trainer:
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         stats = self.accumulate_gradients(samples, num_chains)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = optimizer_step(self.optimizer, self.cfg.grad_clip)
         self.global_step += 1
         elapsed = time.perf_counter() - t0
         return {
             **stats.as_metrics(),
-            "grad_norm": float(grad_norm),
+            "grad_norm": grad_norm,
             "lr": self.cfg.lr,
             "samples": float(len(samples)),
             "chains": float(num_chains),
@@ -166,7 +175,7 @@ class Trainer:
         self.model.eval()
         return stats
 
-    def _micro_step(self, b: TokenBatch, num_chains: int, total_tokens: int) -> Any:
+    def _micro_step(self, b: TokenBatch, num_chains: int, total_tokens: int) -> MicroStep:
         if self.cfg.old_logprobs == "recompute":
             with torch.no_grad():
                 old_logp_BT, _ = self._logprobs(self.model, b, with_entropy=False)
@@ -188,7 +197,8 @@ class Trainer:
             kl_coef=self.cfg.kl_coef,
         )
         out.loss.backward()
-        return out, old_logp_BT.detach(), entropy_BT
+        assert entropy_BT is not None
+        return MicroStep(out, old_logp_BT.detach(), entropy_BT)
 
     def _logprobs(
         self, model: Any, b: TokenBatch, with_entropy: bool
@@ -209,16 +219,3 @@ class Trainer:
             return self._logprobs(self.ref_model, b, with_entropy=False)[0]
         with self.model.disable_adapter():  # LoRA: the base model is the reference
             return self._logprobs(self.model, b, with_entropy=False)[0]
-
-
-def _maybe_lora(model: Any, lora: LoraConfig | None) -> Any:
-    if lora is None:
-        return model
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
-
-    targets = lora.targets if lora.targets == "all-linear" else list(lora.targets)
-    peft_cfg = PeftLoraConfig(
-        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets
-    )
-    return get_peft_model(model, peft_cfg)

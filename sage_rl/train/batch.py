@@ -1,0 +1,86 @@
+"""Training tensors from samples: the exact token arrays of each sample, padded into micro-batches.
+
+Layout of a micro-batch of B sequences right-padded to length T. ``f`` is the first position
+that any sequence of the micro-batch trains on (mask = 1); logits are asked for positions f-1 ..
+T-1 only (``logits_to_keep``), and logits at t predict the token at t + 1. So every ``_BT`` tensor
+of the trained window has T - f columns, aligned with ``target_BT = ids_BT[:, f:]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from sage_rl.types import Sample
+
+
+@dataclass(frozen=True)
+class PreparedSample:
+    """One sample's exact token arrays and advantage, checked."""
+
+    ids: list[int]
+    mask: list[int]
+    sampler_logprobs: list[float]
+    advantage: float
+
+    @classmethod
+    def of(cls, s: Sample) -> PreparedSample:
+        ids, mask, lps = s.trajectory.token_arrays()
+        task = s.trajectory.task.task_id
+        if not (len(ids) == len(mask) == len(lps)):
+            raise ValueError(f"sample of task {task}: ids, mask and logprobs differ in length")
+        if not ids or mask[0]:
+            raise ValueError(f"sample of task {task}: empty prompt (the first token cannot be trained)")
+        return cls(ids, mask, lps, float(s.advantage))
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    ids_BT: torch.Tensor  # whole sequences, right-padded with pad_id
+    attn_BT: torch.Tensor  # 1 on real tokens, 0 on padding
+    target_BT: torch.Tensor  # ids_BT[:, f:], the tokens whose logprobs are computed
+    mask_BT: torch.Tensor  # loss mask over target_BT: 1 on generated tokens only
+    sampler_logp_BT: torch.Tensor  # the sampler's logprobs over target_BT (0 off the mask)
+    adv_B: torch.Tensor
+    logits_to_keep: int  # T - f + 1
+    seq_tokens: int  # real (non-pad) tokens in the micro-batch
+
+    @property
+    def gen_tokens(self) -> int:
+        return int(self.mask_BT.sum().item())
+
+
+def micro_batches(samples: Sequence[PreparedSample], size: int) -> list[list[PreparedSample]]:
+    """Chunks of ``size``, longest first, so that sequences of similar length are padded together."""
+    ordered = sorted(samples, key=lambda s: len(s.ids), reverse=True)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+
+def collate(samples: Sequence[PreparedSample], pad_id: int, device: torch.device) -> TokenBatch:
+    """Right-pad ``samples`` into one ``TokenBatch`` (nothing is truncated)."""
+    T = max(len(s.ids) for s in samples)
+    B = len(samples)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, T), dtype=torch.long)
+    mask = torch.zeros((B, T), dtype=torch.float32)
+    lps = torch.zeros((B, T), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        n = len(s.ids)
+        ids[i, :n] = torch.tensor(s.ids)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(s.mask, dtype=torch.float32)
+        lps[i, :n] = torch.tensor(s.sampler_logprobs, dtype=torch.float32)
+    trained_cols = mask.sum(0).nonzero()
+    f = int(trained_cols[0].item()) if len(trained_cols) else T - 1  # no generated token: a 1-column window
+    return TokenBatch(
+        ids_BT=ids.to(device),
+        attn_BT=attn.to(device),
+        target_BT=ids[:, f:].to(device),
+        mask_BT=mask[:, f:].to(device),
+        sampler_logp_BT=lps[:, f:].to(device),
+        adv_B=torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
+        logits_to_keep=T - f + 1,
+        seq_tokens=sum(len(s.ids) for s in samples),
+    )

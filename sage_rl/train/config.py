@@ -1,0 +1,77 @@
+"""The config sections of training (no torch here: commands validate them before loading a model).
+
+``TrainerConfig`` (the GRPO optimizer step, ``train/trainer.py``), ``LoraConfig`` (``train/lora.py``),
+``LoopConfig`` and ``TrainEvalConfig`` (the loop's schedule, ``train/loop.py``).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal
+
+from pydantic import Field
+
+from sage_rl.config import Section
+from sage_rl.eval.runner import EvalConfig
+from sage_rl.rollout.batch import RolloutConfig
+
+
+class LossAgg(enum.StrEnum):
+    SEQ_MEAN_TOKEN_MEAN = "seq_mean_token_mean"
+    TOKEN_MEAN = "token_mean"
+
+
+class LoraConfig(Section):
+    """LoRA through peft; ``None`` in ``TrainerConfig.lora`` = full-parameter training."""
+
+    r: int = Field(16, gt=0)
+    alpha: int = Field(32, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    targets: list[str] | Literal["all-linear"] = "all-linear"
+
+
+class TrainerConfig(Section):
+    lr: float = Field(1e-6, gt=0, description="constant learning rate (the paper's, at 32B)")
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0, description="max global gradient norm")
+    micro_batch_size: int = Field(4, gt=0, description="sequences per forward/backward")
+    eps_low: float = Field(0.2, ge=0, lt=1)
+    eps_high: float = Field(0.2, ge=0)
+    loss_agg: LossAgg = LossAgg.SEQ_MEAN_TOKEN_MEAN
+    kl_coef: float = Field(0.0, ge=0, description="k3 KL to the initial model; 0 = off (no reference kept)")
+    lora: LoraConfig | None = None
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="auto = fp32 on CPU, bf16 on GPU"
+    )
+    old_logprobs: Literal["same_pass", "recompute"] = "same_pass"
+    chunked_head: bool = Field(
+        True,
+        description="logprobs of generated tokens only, in tiles, without (B, T, V) logits (auto-checked)",
+    )
+    seed: int = 0
+
+
+class TrainEvalConfig(Section):
+    split: str = "dev"
+    every: int = Field(0, ge=0, description="evaluate every N steps; 0 = only before and after")
+    scenarios: int | None = Field(2, description="first N scenarios of the split; null = all")
+    before_after: bool = True
+
+    def protocol(self, strategy: str) -> EvalConfig:
+        """The evaluation to run: this split's first scenarios, all at once, with the training
+        run's own retrieval ``strategy``."""
+        return EvalConfig(
+            split=self.split, limit_scenarios=self.scenarios, concurrency=None, strategies=[strategy]
+        )
+
+
+class LoopConfig(Section):
+    """The loop's schedule (the ``sage-rl train`` config holds these keys at its top level)."""
+
+    rollout: RolloutConfig = RolloutConfig()
+    eval: TrainEvalConfig = TrainEvalConfig()
+    steps: int = Field(4, ge=1)
+    checkpoint_every: int = Field(1, ge=1)
+    keep_last: int | None = 2
+    out_dir: str = "runs/train"
