@@ -63,7 +63,10 @@ class Sandbox:
         self._lock = threading.Lock()
         self._spare_target = spares
         self._spares: list[tuple[int, socket.socket, Path]] = []
-        self._refilling = False
+        self._refilling = False  # the spares thread is forking (or about to)
+        self._refill_failed = False  # a fork failed: wait for the next take_spare before retrying
+        self._wake = threading.Condition(self._lock)
+        self._refiller: threading.Thread | None = None
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -87,6 +90,7 @@ class Sandbox:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            self._wake.notify_all()
             self._discard_spares()
             self._stop_template()
 
@@ -157,35 +161,44 @@ class Sandbox:
         self._spares.clear()
 
     def _start_refill(self) -> None:
+        """Ask the spares thread for more spares. It is started once and then only woken: starting
+        a thread on every ``take_spare`` made each episode's reset wait for the new thread to get
+        the GIL (milliseconds on a loaded machine)."""
         with self._lock:
-            if self._refilling or self._closed or len(self._spares) >= self._spare_target:
+            if self._closed or len(self._spares) >= self._spare_target:
                 return
-            self._refilling = True
-        threading.Thread(target=self._refill, name="sage-sandbox-spares", daemon=True).start()
+            self._refilling, self._refill_failed = True, False
+            if self._refiller is None:
+                self._refiller = threading.Thread(target=self._refill, name="sage-sandbox-spares", daemon=True)
+                self._refiller.start()
+            self._wake.notify()
 
     def _refill(self) -> None:
-        try:
-            while True:
-                with self._lock:
-                    if self._closed or len(self._spares) >= self._spare_target:
-                        return
-                scratch = self.new_scratch()
-                try:
-                    pid, sock = self.fork_worker(scratch)
-                except SandboxError as e:
-                    shutil.rmtree(scratch, ignore_errors=True)
-                    if not self._closed:
-                        log.warning("sandbox: could not fork a spare worker (%s)", e)
-                    return
-                with self._lock:
-                    if self._closed:
-                        sock.close()
-                        shutil.rmtree(scratch, ignore_errors=True)
-                        return
-                    self._spares.append((pid, sock, scratch))
-        finally:
+        """The spares thread: fork until there are ``spares`` waiting, then sleep until woken."""
+        while True:
             with self._lock:
-                self._refilling = False
+                while not self._closed and (self._refill_failed or len(self._spares) >= self._spare_target):
+                    self._refilling = False
+                    self._wake.wait()
+                if self._closed:
+                    self._refilling = False
+                    return
+            scratch = self.new_scratch()
+            try:
+                pid, sock = self.fork_worker(scratch)
+            except SandboxError as e:
+                shutil.rmtree(scratch, ignore_errors=True)
+                if not self._closed:
+                    log.warning("sandbox: could not fork a spare worker (%s)", e)
+                with self._lock:
+                    self._refill_failed = True
+                continue
+            with self._lock:
+                if self._closed:
+                    sock.close()
+                    shutil.rmtree(scratch, ignore_errors=True)
+                    continue
+                self._spares.append((pid, sock, scratch))
 
     # -- template --------------------------------------------------------------------------------
 
