@@ -17,6 +17,10 @@ API round trip < 150 us).
 - episode_ms: one whole PocketWorld episode through the sandbox, as a chain runs it: open, reset,
   the reference solution of a task (one cell, about a dozen API calls), evaluate, close;
 - episodes_x4_ms: four such episodes at once on one event loop (the wall time of all four);
+- episode_thread_hop_ms / ratio_episode_direct_over_thread_hop: the same episode the way it ran
+  before issue 12 (world and each call sent through ``asyncio.to_thread`` to a private event-loop
+  thread that owned the session), alternated with the direct path in the same process: the
+  side-by-side ratio that a loaded machine does not blur;
 - socketpair_floor_us and load_avg_1m: a bare two-process ping-pong and the load, for context.
 """
 
@@ -28,6 +32,7 @@ import json
 import os
 import socket
 import statistics
+import threading
 import time
 
 from sage_rl.envs.pocketworld import tasks
@@ -162,6 +167,28 @@ async def episode(sandbox: Sandbox) -> float:
     return time.perf_counter() - t
 
 
+async def thread_hop_episode(sandbox: Sandbox, loop: asyncio.AbstractEventLoop) -> float:
+    """``episode`` along the path removed in issue 12: every step in a worker thread that waits
+    for the session on a private event-loop thread (two thread hops per call)."""
+    task = tasks.task_by_id(EPISODE_TASK)
+
+    def hop(coro):
+        return asyncio.to_thread(lambda: asyncio.run_coroutine_threadsafe(coro, loop).result())
+
+    def reset():
+        world = tasks.world_for(task)
+        initial = world.snapshot()
+        return world, initial, asyncio.run_coroutine_threadsafe(sandbox.acquire(world.call), loop).result()
+
+    t = time.perf_counter()
+    world, initial, session = await asyncio.to_thread(reset)
+    await hop(session.execute(tasks.reference_solution(task), "<cell-0>"))
+    outcome = tasks.evaluate_task(task, initial, world)
+    await hop(session.close())
+    assert outcome.success
+    return time.perf_counter() - t
+
+
 async def env_cells_ms(sandbox: Sandbox, reps: int) -> tuple[float, float]:
     """Median ms of an empty cell and of a cell with 10 API calls, through ``PocketWorldEnv``."""
     env = pocket_env(sandbox)
@@ -182,20 +209,27 @@ async def env_cells_ms(sandbox: Sandbox, reps: int) -> tuple[float, float]:
 async def measure_episodes(sandbox: Sandbox, reps: int) -> dict[str, float]:
     empty, ten = await env_cells_ms(sandbox, 20)
     await episode(sandbox)  # warm
-    one, four = [], []
+    private = asyncio.new_event_loop()
+    threading.Thread(target=private.run_forever, daemon=True).start()
+    one, four, hop = [], [], []
     for _ in range(reps):
         await settle(sandbox)
         one.append(await episode(sandbox) * 1e3)
         await settle(sandbox)
+        hop.append(await thread_hop_episode(sandbox, private) * 1e3)
+        await settle(sandbox)
         t = time.perf_counter()
         await asyncio.gather(*(episode(sandbox) for _ in range(4)))
         four.append((time.perf_counter() - t) * 1e3)
+    private.call_soon_threadsafe(private.stop)
     med = statistics.median
     return {
         "env_empty_cell_ms": round(empty, 3),
         "env_cell_10_api_calls_ms": round(ten, 3),
         "episode_ms": round(med(one), 2),
         "episodes_x4_ms": round(med(four), 2),
+        "episode_thread_hop_ms": round(med(hop), 2),
+        "ratio_episode_direct_over_thread_hop": round(med(one) / med(hop), 3),
     }
 
 
