@@ -212,11 +212,13 @@ async def measure_episodes(sandbox: Sandbox, reps: int) -> dict[str, float]:
     private = asyncio.new_event_loop()
     threading.Thread(target=private.run_forever, daemon=True).start()
     one, four, hop = [], [], []
-    for _ in range(reps):
-        await settle(sandbox)
-        one.append(await episode(sandbox) * 1e3)
-        await settle(sandbox)
-        hop.append(await thread_hop_episode(sandbox, private) * 1e3)
+    for i in range(reps):
+        for direct in (True, False) if i % 2 else (False, True):  # neither always runs first
+            await settle(sandbox)
+            if direct:
+                one.append(await episode(sandbox) * 1e3)
+            else:
+                hop.append(await thread_hop_episode(sandbox, private) * 1e3)
         await settle(sandbox)
         t = time.perf_counter()
         await asyncio.gather(*(episode(sandbox) for _ in range(4)))

@@ -130,7 +130,7 @@ class Sandbox:
                 log.warning("sandbox template exited with %s; restarting it", self._proc.returncode)
                 self._discard_spares()
                 self._stop_template()
-            spare = self._spares.pop() if self._spares else None
+            spare = self._spares.pop(0) if self._spares else None  # the oldest: surely done starting
         self._start_refill()
         return spare
 
