@@ -1,8 +1,8 @@
 """The composition root: where configs become objects, and where their lifetimes are owned.
 
 Everything below this module receives built objects and holds no process-wide state
-(ARCHITECTURE.md, principle 8). The commands (``sage_rl/cli``) and the verl integration's entry
-point compose a run from these pieces:
+(ARCHITECTURE.md, principle 8). Entry points (the commands in ``sage_rl/cli``; any other, such as
+a verl trainer's main, sits at that level too) compose a run from these pieces:
 
     async with open_suite(cfg) as suite:              # the task suite, and its sandbox: closed on exit
         policy = build_policy(cfg)                    # or open_training(cfg, resume).policy
