@@ -21,7 +21,10 @@ import sage_rl
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("commands", ("sage_rl.cli",)),
     ("composition root", ("sage_rl.build", "sage_rl.settings")),
-    ("trainers and integrations", ("sage_rl.train", "sage_rl.integrations", "sage_rl.collect", "sage_rl.collect_store")),
+    (
+        "trainers and integrations",
+        ("sage_rl.train", "sage_rl.integrations", "sage_rl.collect", "sage_rl.collect_store"),
+    ),
     ("rollout core and evaluation", ("sage_rl.rollout", "sage_rl.eval")),
     (
         "agent, policies, skills",

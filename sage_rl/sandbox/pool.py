@@ -169,7 +169,9 @@ class Sandbox:
                 return
             self._refilling, self._refill_failed = True, False
             if self._refiller is None:
-                self._refiller = threading.Thread(target=self._refill, name="sage-sandbox-spares", daemon=True)
+                self._refiller = threading.Thread(
+                    target=self._refill, name="sage-sandbox-spares", daemon=True
+                )
                 self._refiller.start()
             self._wake.notify()
 
