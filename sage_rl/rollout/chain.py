@@ -80,7 +80,8 @@ class ChainRunner:
         for k, task in enumerate(tasks):
             visible = self._visible(library, task, history)
             traj = await self._episode(task, visible, chain_index)
-            library.drop(traj.library_dropped)  # a skill that failed to load leaves the chain too
+            if traj.library_dropped:  # a skill that failed to load leaves the chain too
+                library.drop(traj.library_dropped)
             used = self._used(traj, visible)
             saved = self._saved(traj, library, step)
             library.record_use(used, traj.outcome.success)
