@@ -22,7 +22,7 @@ from sage_rl.skills.extract import SavePolicy, extract_skills
 from sage_rl.skills.library import Library
 from sage_rl.skills.record import Provenance, Skill
 from sage_rl.skills.retrieval import RetrievalConfig, Retriever, TaskContext
-from sage_rl.skills.usage import used_skills_from_calls, used_skills_static
+from sage_rl.skills.usage import used_skills
 from sage_rl.types import Chain, ExecResult, Task, Trajectory, cell_origin
 
 
@@ -100,10 +100,8 @@ class ChainRunner:
         loaded = set(traj.library_in) - set(traj.library_dropped)
         if not loaded:
             return set()
-        if all(t.calls is not None for t in traj.turns if t.code):
-            return used_skills_from_calls([_result(t) for t in traj.turns if t.code], loaded)
-        cells = [t.code for t in traj.turns if t.code]
-        return used_skills_static(cells, Library.of([s for s in visible if s.name in loaded]))
+        cells = [(t.code, _result(t)) for t in traj.turns if t.code]
+        return used_skills(cells, Library.of([s for s in visible if s.name in loaded]))
 
     def _saved(self, traj: Trajectory, library: Library) -> list[Skill]:
         if not self.skills.use_skills:
