@@ -29,7 +29,7 @@ def main(
         raise fail("the local trainer trains a transformers policy (policy.kind=transformers)", 2)
     from sage_rl.build import build_policy
     from sage_rl.models import load_model
-    from sage_rl.train.checkpoint import open_run
+    from sage_rl.train.checkpoint import CheckpointError, open_run
     from sage_rl.train.trainer import Trainer
 
     out = Path(cfg.out_dir)
@@ -51,6 +51,8 @@ def main(
         )
     except FileExistsError as e:
         raise fail(f"{e} (pass --resume, or out_dir=...)", 2) from None
+    except CheckpointError as e:
+        raise fail(str(e), 2) from None
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_config(cfg))
     policy = build_policy(cfg, model=trainer.model, tokenizer=tokenizer)
