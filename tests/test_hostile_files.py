@@ -151,3 +151,156 @@ def test_train_cli_reports_a_broken_resume_without_a_traceback(run_dir, tiny):
     assert r.returncode == 2, r.stderr[-2000:]
     assert "checkpoints/latest should name a checkpoint folder" in r.stderr and "Traceback" not in r.stderr
     assert (run_dir / "metrics.jsonl").read_bytes() == before
+
+
+# -- skill imports and stores ----------------------------------------------------------------------
+
+GOOD = {"name": "f", "source": "def f(x):\n    return x"}
+BAD_RECORDS = {
+    "imports not a list": {**GOOD, "imports": 5},
+    "depends_on not a list": {**GOOD, "depends_on": 5},
+    "version past SQLite": {**GOOD, "version": 10**23},
+    "created_at a word": {**GOOD, "provenance": {"created_at": "yesterday"}},
+    "created_at NaN": {**GOOD, "provenance": {"created_at": float("nan")}},
+    "uses a bool": {**GOOD, "uses": True},
+    "version zero": {**GOOD, "version": 0},
+    "an import that is code": {**GOOD, "imports": ["import os; apis.supervisor.complete_task()"]},
+    "a name that is no identifier": {**GOOD, "name": "f x"},
+    "a tier from nowhere": {**GOOD, "tier": ["gold"]},
+    "provenance a list": {**GOOD, "provenance": [1]},
+    "step negative": {**GOOD, "provenance": {"step": -4}},
+    "signature not text": {**GOOD, "signature": 7},
+}
+
+
+def _jsonl(tmp_path, extra_lines=()):
+    import json
+
+    doc = '    """Count the good things."""\n'
+    lines = [json.dumps({**GOOD, "name": "good_one", "source": f"def good_one():\n{doc}    return 1"})]
+    lines += [json.dumps(r) for r in BAD_RECORDS.values()]
+    lines += list(extra_lines)
+    lines.append(json.dumps({**GOOD, "name": "good_two", "source": f"def good_two():\n{doc}    return 2"}))
+    path = tmp_path / "skills.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_poisoned_import_reports_each_bad_line_and_keeps_the_good_ones(tmp_path):
+    from sage_rl.skills.io import read_jsonl
+
+    deep = "[" * 100_000 + "]" * 100_000
+    huge_int = '{"name": "f", "source": "def f(x):\\n    return x", "version": 1' + "0" * 5000 + "}"
+    path = _jsonl(tmp_path, [deep, huge_int, '{"name": "g", "source": "def g(:"}'])
+    report = read_jsonl(path)
+    assert [s.name for s in report.skills] == ["good_one", "good_two"]
+    bad = {e.line: e.message for e in report.errors}
+    assert sorted(bad) == list(range(2, len(BAD_RECORDS) + 5))  # every bad line, by number
+    msgs = dict(zip(BAD_RECORDS, [bad[i] for i in range(2, len(BAD_RECORDS) + 2)], strict=True))
+    assert "imports must be a list" in msgs["imports not a list"]
+    assert "depends_on must be a list" in msgs["depends_on not a list"]
+    assert "version must be a positive integer below 2**62" in msgs["version past SQLite"]
+    assert "created_at must be seconds since the epoch" in msgs["created_at a word"]
+    assert "must be an import statement" in msgs["an import that is code"]
+    assert all(not m.startswith("unexpected") for m in bad.values()), bad
+
+
+def test_import_then_search_and_load_through_the_cli(tmp_path):
+    from typer.testing import CliRunner
+
+    from sage_rl.cli.skills import app
+    from sage_rl.skills.store import SkillStore
+
+    store = tmp_path / "s.db"
+    res = CliRunner().invoke(app, ["import", str(_jsonl(tmp_path)), "--store", str(store), "--json"])
+    assert res.exit_code == 1  # some records were bad ...
+    assert '"added": 2' in res.stdout  # ... and the good ones landed
+    res = CliRunner().invoke(app, ["search", "count the good things", "--store", str(store), "--json"])
+    assert res.exit_code == 0 and "good_one" in res.stdout
+    with SkillStore(store, readonly=True) as st:
+        assert st.load_library().names() == ("good_one", "good_two")
+
+
+def test_a_poisoned_stored_record_cannot_break_search_or_loading(tmp_path):
+    """A row written by an older version or by hand: it is skipped (and named), never fatal."""
+    import json
+    import sqlite3
+
+    from sage_rl.skills import make_skill
+    from sage_rl.skills.store import SkillStore, StoreError
+
+    path = tmp_path / "s.db"
+    with SkillStore(path) as st:
+        st.put(make_skill('def a():\n    """Count the good things."""\n    return 1'))
+        st.put(make_skill("def b():\n    return 2"))
+    poisoned = json.dumps(
+        {**GOOD, "name": "b", "source": "def b():\n    return 2", "provenance": {"created_at": "yesterday"}}
+    )
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE skills SET record = ? WHERE name = 'b'", (poisoned,))
+    with SkillStore(path, readonly=True) as st:
+        assert st.load_library().names() == ("a",)
+        assert "stored record 'b' v1 is corrupt" in st.skipped[0] and "created_at" in st.skipped[0]
+        with pytest.raises(StoreError, match="'b' v1 is corrupt"):
+            st.get("b")
+    from typer.testing import CliRunner
+
+    from sage_rl.cli.skills import app
+
+    res = CliRunner().invoke(app, ["search", "count the good things", "--store", str(path), "--json"])
+    assert res.exit_code == 0 and '"a"' in res.stdout
+
+
+def _foreign(path, schema=None):
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        if schema is None:
+            db.execute("CREATE TABLE accounts (id INTEGER, secret TEXT)")
+            db.execute("INSERT INTO accounts VALUES (1, 'hunter2')")
+        else:
+            db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            db.execute("CREATE TABLE skills (name TEXT)")
+            db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(schema),))
+    db.close()
+
+
+@pytest.mark.parametrize("schema", [None, 2])
+def test_a_foreign_or_other_version_sqlite_file_is_refused_untouched(tmp_path, schema):
+    import hashlib
+
+    from typer.testing import CliRunner
+
+    from sage_rl.cli.skills import app
+    from sage_rl.skills.store import SkillStore, StoreError
+
+    path = tmp_path / "other.db"
+    _foreign(path, schema)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(StoreError, match="not a sage-rl skill store of schema 1.*left untouched"):
+        SkillStore(path)
+    res = CliRunner().invoke(app, ["import", str(_jsonl(tmp_path)), "--store", str(path)])
+    assert res.exit_code == 2 and "not a sage-rl skill store" in res.output
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest  # no table added, no WAL switch
+    assert not (tmp_path / "other.db-wal").exists() and not (tmp_path / "other.db-journal").exists()
+
+
+def test_scrambled_pages_give_a_clear_error(tmp_path):
+    from typer.testing import CliRunner
+
+    from sage_rl.cli.skills import app
+    from sage_rl.skills import make_skill
+    from sage_rl.skills.store import SkillStore, StoreError
+
+    path = tmp_path / "s.db"
+    with SkillStore(path) as st:
+        st.put_many([make_skill(f"def s{i}():\n    '''{'doc ' * 200}'''\n    return {i}") for i in range(60)])
+    data = bytearray(path.read_bytes())
+    assert len(data) > 4 * 4096
+    data[2 * 4096 : 4 * 4096] = os.urandom(2 * 4096)  # pages 3 and 4: the header stays valid
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError) as e:
+        SkillStore(path, readonly=True).current()
+    assert str(path) in str(e.value) and "corrupt" in str(e.value)
+    res = CliRunner().invoke(app, ["list", "--store", str(path)])
+    assert res.exit_code == 2 and "Traceback" not in res.output and str(path) in res.output.replace("\n", "")
