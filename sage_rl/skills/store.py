@@ -96,7 +96,9 @@ class SkillStore:
                     )
             self._check_schema()
         except sqlite3.DatabaseError as e:
-            raise StoreError(f"{self.path} is not a usable skill store (corrupt, or not SQLite): {e}") from None
+            raise StoreError(
+                f"{self.path} is not a usable skill store (corrupt, or not SQLite): {e}"
+            ) from None
 
     def close(self) -> None:
         self._db.close()
