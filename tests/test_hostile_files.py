@@ -304,3 +304,55 @@ def test_scrambled_pages_give_a_clear_error(tmp_path):
     assert str(path) in str(e.value) and "corrupt" in str(e.value)
     res = CliRunner().invoke(app, ["list", "--store", str(path)])
     assert res.exit_code == 2 and "Traceback" not in res.output and str(path) in res.output.replace("\n", "")
+
+
+# -- YAML configs ------------------------------------------------------------------------------------
+
+
+def _bomb(levels: int = 9) -> str:
+    """The "billion laughs": 9 aliases of 9 aliases of ... (342 bytes; 9**9 strings expanded)."""
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    prev = "a"
+    for name in "bcdefghijklmnop"[: levels - 1]:
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+        prev = name
+    return "\n".join(lines) + "\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path):
+    import time
+
+    from sage_rl.build import RunConfig
+    from sage_rl.config import ConfigError, load_config
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_bomb())
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"bomb.yaml: YAML aliases expand to more than 100000 values"):
+        load_config(RunConfig, path)
+    with pytest.raises(ConfigError, match="override 'seed=.*expand to more than"):
+        load_config(RunConfig, None, ["seed=" + _bomb().replace("\n", ", ").join("{}")])
+    assert time.perf_counter() - start < 5
+
+
+def test_recursive_aliases_and_absurd_nesting_are_refused(tmp_path):
+    from sage_rl.build import RunConfig
+    from sage_rl.config import ConfigError, load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("seed: &a [1, *a]\n")
+    with pytest.raises(ConfigError, match="alias refers to itself"):
+        load_config(RunConfig, path)
+    path.write_text("seed: " + "[" * 20_000 + "]" * 20_000 + "\n")
+    with pytest.raises(ConfigError, match="c.yaml"):
+        load_config(RunConfig, path)
+
+
+def test_modest_anchors_still_work(tmp_path):
+    from sage_rl.config import load_yaml
+
+    assert load_yaml("base: &b {x: 1}\nrun: {<<: *b, y: 2}\n", "t") == {
+        "base": {"x": 1},
+        "run": {"x": 1, "y": 2},
+    }
+    assert load_yaml(_bomb(levels=3), "t")["c"][0][0] == ["lol"] * 9  # 9**3 values: fine
