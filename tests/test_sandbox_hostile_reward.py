@@ -201,7 +201,7 @@ def test_hostile_answers_through_the_api_are_refused_with_a_clear_error(sandbox)
         "apis.supervisor.complete_task(answer=10**400)",
         "x = []\nfor _ in range(40):\n    x = [x]\napis.supervisor.complete_task(answer=x)",
         "apis.supervisor.complete_task(answer=float('nan'))",
-        "apis.supervisor.complete_task(answer=['y' * 1000] * 70)",
+        "apis.supervisor.complete_task(answer=['y' * 1000] * 20)",
         "apis.supervisor.complete_task(answer=[[]] * 2_796_000)",
     ]
     obs = [r.observation for r in run(sandbox, cells, SimpleNamespace(dispatch=world.call))]
@@ -282,11 +282,11 @@ def _raw_call(app: str, kwargs: str = "'{}'", repeat: int = 1) -> str:
     )
 
 
-def test_megabyte_names_are_refused_unseen_and_unechoed(sandbox):
+def test_huge_names_are_refused_unseen_and_unechoed(sandbox):
     """Issue 11: an 8 MB app name cost the parent 1.3-2.1 s (a fuzzy match) and came back whole."""
     world = FakeWorld()
     start = time.perf_counter()
-    r = run(sandbox, [_raw_call("'x' * 900_000", repeat=3), "getattr(apis, 'a' * 100).b()"], world)
+    r = run(sandbox, [_raw_call("'x' * 200_000", repeat=3), "getattr(apis, 'a' * 100).b()"], world)
     assert time.perf_counter() - start < 10
     assert r[0].observation.count("at most 64 characters") == 3 and len(r[0].observation) < 2000
     assert "at most 64 characters" in r[1].observation and world.log == []  # dispatch never saw them
@@ -316,28 +316,26 @@ def test_arguments_and_world_growth_are_capped():
     password = world.db["supervisor"]["passwords"]["notes"]["password"]
     token = world.call("notes", "login", {"username": world.me, "password": password})["access_token"]
     with pytest.raises(ApiError, match="arguments too large"):
-        world.call(
-            "notes", "create_note", {"access_token": token, "title": "t", "content": "x" * (300 << 10)}
-        )
+        world.call("notes", "create_note", {"access_token": token, "title": "t", "content": "x" * (65 << 10)})
     with pytest.raises(ApiError, match="arguments too large"):
         world.call("supervisor", "complete_task", {"answer": [[]] * 2_796_000})
     made = 0
     with pytest.raises(ApiError) as e:
         for _ in range(100):
             world.call(
-                "notes", "create_note", {"access_token": token, "title": "t", "content": "x" * (250 << 10)}
+                "notes", "create_note", {"access_token": token, "title": "t", "content": "x" * (60 << 10)}
             )
             made += 1
     assert e.value.status == 413 and "the world accepts no more data" in e.value.message
-    assert made == bounds.MAX_EPISODE_CHARS // (250 << 10)  # 16 notes of 250 KiB, then no more
+    assert made == bounds.MAX_EPISODE_CHARS // (60 << 10)  # 68 notes of 60 KiB (4 MiB), then no more
 
 
 def test_api_call_bytes_per_cell_are_capped(sandbox):
-    """Decoding frames is event-loop time shared by every episode: a cell may send 4 x
+    """Decoding frames is event-loop time shared by every episode: a cell may send 16 x
     message_bytes of API calls in all; past that its worker is ended."""
     world = FakeWorld()
-    kwargs = "json.dumps({'pad': 'p' * 900_000})"
-    r = run(sandbox, [_raw_call("'bank'", kwargs, repeat=6), "print('fresh')"], world)
+    kwargs = f"json.dumps({{'pad': 'p' * {sandbox.limits.message_bytes - 1000}}})"
+    r = run(sandbox, [_raw_call("'bank'", kwargs, repeat=20), "print('fresh')"], world)
     assert "bytes of API calls in one cell" in r[0].observation and "restarted" in r[0].observation
-    assert r[1].observation == "fresh\n" and len(world.log) <= 4
+    assert r[1].observation == "fresh\n" and len(world.log) == 16
     assert_trainer_unharmed(sandbox, world, PID)

@@ -23,7 +23,7 @@ from typing import Any
 from sage_rl.sandbox.protocol import HEADER, ProtocolError, decode
 
 #: The bytes of API calls one cell may send, in units of ``max_bytes``; past it the worker is ended.
-CALL_BYTES_PER_CELL = 4
+CALL_BYTES_PER_CELL = 16
 
 
 class WorkerChannel(asyncio.Protocol):
