@@ -21,13 +21,20 @@ API round trip < 150 us).
   before issue 12 (world and each call sent through ``asyncio.to_thread`` to a private event-loop
   thread that owned the session), alternated with the direct path in the same process: the
   side-by-side ratio that a loaded machine does not blur;
-- socketpair_floor_us and load_avg_1m: a bare two-process ping-pong and the load, for context.
+- socketpair_floor_us and load_avg_1m: a bare two-process ping-pong and the load, for context;
+- neighbour_*: a hostile neighbour's effect on another episode's API latency (issue 11). Two
+  episodes of PocketWorld share the trainer's event loop; one makes ordinary API calls
+  (``supervisor.show_profile``, timed inside its worker; 400 calls or 2 s), alone and then while the other floods
+  the parent with the largest frames it may send (a huge app name, an answer of ``[[]] * n``),
+  over and over: ``neighbour_alone_p50_us``/``_p99_us``/``_max_us`` vs ``neighbour_flood_...``,
+  interleaved over ``--neighbour-rounds`` rounds in one run (the max is the longest stall).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -93,6 +100,77 @@ TRACKING = (
     "    return (time.perf_counter() - t) / 100_000 * 1e9\n"
     "print(per_call(f) - per_call(g))"
 )
+
+
+# The quiet episode: each call's round trip, printed as it goes (a cell cut by its time limit still
+# reports the calls it made).
+QUIET = (
+    "import time\nend = time.perf_counter() + 2.0\nfor _ in range(400):\n    t = time.perf_counter()\n"
+    "    apis.supervisor.show_profile()\n    print((time.perf_counter() - t) * 1e6)\n"
+    "    if time.perf_counter() > end:\n        break"
+)
+# The hostile episode: frames as large as the parent accepts, alternating an unknown app with a name
+# that fills the frame (a fuzzy suggestion would run on it) and an answer whose JSON decodes into
+# hundreds of thousands of lists.
+FLOOD = (
+    "for i in range(1000):\n    try:\n        if i % 2:\n            getattr(apis, 'x' * {name}).y()\n"
+    "        else:\n            apis.supervisor.complete_task(answer=[[]] * {items})\n"
+    "    except Exception:\n        pass"
+)
+
+
+def _times(observation: str) -> list[float]:
+    out = []
+    for line in observation.splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(float(line))
+    return out
+
+
+async def _hammer(session, code: str, stop: asyncio.Event) -> None:
+    i = 0
+    while not stop.is_set():
+        await session.execute(code, f"<cell-{i}>")
+        i += 1
+
+
+async def neighbour(rounds: int) -> dict[str, float]:
+    """API latency of a quiet episode, alone and beside a hostile one (same sandbox, same loop)."""
+    from sage_rl.envs.pocketworld import tasks
+
+    limits = SandboxLimits()
+    task = tasks.task_by_id("payments_largest_payment_recipient_1")
+    flood = FLOOD.format(name=limits.message_bytes - 200, items=limits.message_bytes // 3 - 100)
+    alone: list[float] = []
+    beside: list[float] = []
+    with Sandbox(limits) as sandbox:
+        quiet = await sandbox.acquire(tasks.world_for(task).call)
+        loud = await sandbox.acquire(tasks.world_for(task).call)
+        for r in range(rounds):
+            alone += _times((await quiet.execute(QUIET, f"<cell-{2 * r}>")).observation)
+            stop = asyncio.Event()
+            hostile = asyncio.create_task(_hammer(loud, flood, stop))
+            await asyncio.sleep(0.5)  # the flood is under way
+            beside += _times((await quiet.execute(QUIET, f"<cell-{2 * r + 1}>")).observation)
+            stop.set()
+            await hostile
+        await quiet.close()
+        await loud.close()
+
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return round(xs[min(len(xs) - 1, int(q * len(xs)))], 1) if xs else float("nan")
+
+    return {
+        "neighbour_alone_p50_us": pct(alone, 0.5),
+        "neighbour_alone_p99_us": pct(alone, 0.99),
+        "neighbour_flood_p50_us": pct(beside, 0.5),
+        "neighbour_flood_p99_us": pct(beside, 0.99),
+        "neighbour_alone_max_us": round(max(alone, default=float("nan")), 1),
+        "neighbour_flood_max_us": round(max(beside, default=float("nan")), 1),
+        "neighbour_flood_calls": len(beside),
+        "neighbour_message_bytes": limits.message_bytes,
+    }
 
 
 async def settle(sandbox: Sandbox) -> None:
@@ -239,10 +317,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--episodes-only", action="store_true", help="only the PocketWorld episode figures")
+    parser.add_argument(
+        "--neighbour-rounds", type=int, default=3, help="0 skips the hostile-neighbour figure"
+    )
+    parser.add_argument("--only-neighbour", action="store_true", help="measure only the neighbour figure")
     args = parser.parse_args()
-    if args.episodes_only:
-        with Sandbox(SandboxLimits()) as sandbox:
-            result = asyncio.run(measure_episodes(sandbox, args.reps))
+    if args.episodes_only or args.only_neighbour:
+        if args.episodes_only:
+            with Sandbox(SandboxLimits()) as sandbox:
+                result = asyncio.run(measure_episodes(sandbox, args.reps))
+        else:
+            result = asyncio.run(neighbour(max(1, args.neighbour_rounds)))
         result["load_avg_1m"] = os.getloadavg()[0]
         print(json.dumps(result))
         return
@@ -253,6 +338,8 @@ def main() -> None:
         assert sandbox.isolation is not None
         result["isolation"] = sandbox.isolation.level
     result["acquire_cold_ms"] = round(asyncio.run(cold_acquire_ms(max(5, args.reps // 2))), 3)
+    if args.neighbour_rounds:
+        result.update(asyncio.run(neighbour(args.neighbour_rounds)))
     result["socketpair_floor_us"] = round(socketpair_floor_us(), 1)
     result["load_avg_1m"] = os.getloadavg()[0]
     result["reps"] = args.reps

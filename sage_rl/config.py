@@ -22,6 +22,11 @@ class ConfigError(ValueError):
     """A config file or override is wrong. The message names the field and what was wrong."""
 
 
+#: The most values one YAML document may expand to, aliases counted at every use: a 342-byte
+#: "billion laughs" file expands to 10**9 strings, and copying or validating them never ends.
+MAX_YAML_VALUES = 100_000
+
+
 class Section(BaseModel):
     """Base of every config section: unknown keys are errors, values are validated on assignment."""
 
@@ -36,10 +41,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     path = [p for p in key.strip().split(".")]
     if not all(path):
         raise ConfigError(f"override {item!r} has an empty key segment")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override {item!r}: value is not valid YAML ({e})") from None
+    value = load_yaml(raw, f"override {item!r}") if raw.strip() else ""
     return path, value
 
 
@@ -64,13 +66,62 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+    data = load_yaml(p.read_text(), f"config file {p}") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p} must hold a mapping at the top level, not {type(data).__name__}")
     return data
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """``yaml.safe_load`` that refuses, quickly and by name, documents whose aliases expand to more
+    than ``MAX_YAML_VALUES`` values, recursive aliases and absurd nesting (``ConfigError``).
+
+    The node graph is composed first (linear in the text) and its expanded size counted without
+    expanding it; only then are Python values built."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node, where)
+        return loader.construct_document(node)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where} is not valid YAML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{where} is nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def _check_expansion(root: yaml.Node, where: str) -> None:
+    """Count the values ``root`` expands to (each alias at every use) in time linear in the graph."""
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+    todo: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while todo:
+        node, done = todo.pop()
+        kids = _children(node)
+        if done:
+            on_path.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(k)] for k in kids)
+            if sizes[id(node)] > MAX_YAML_VALUES:
+                raise ConfigError(
+                    f"{where}: YAML aliases expand to more than {MAX_YAML_VALUES} values (an alias bomb?)"
+                )
+        elif id(node) in on_path:
+            raise ConfigError(f"{where}: a YAML alias refers to itself (line {node.start_mark.line + 1})")
+        elif id(node) not in sizes:
+            on_path.add(id(node))
+            todo.append((node, True))
+            todo += [(k, False) for k in kids if id(k) not in sizes]
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
 
 
 def load_config(

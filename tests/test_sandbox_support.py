@@ -76,3 +76,26 @@ def assert_trainer_unharmed(sandbox: Sandbox, world: FakeWorld, trainer_pid: int
     assert world.score() == 0.0
     fresh = run(sandbox, ["print(6 * 7)"])
     assert fresh[0].ok and fresh[0].observation == "42\n"
+
+
+# -- shared by the hostile batteries (test_sandbox_hostile*.py) ------------------------------------
+
+PID = os.getpid()
+RESTARTED = "The interpreter was restarted"
+
+
+def hostile(sandbox: Sandbox, world: FakeWorld, code: str, then: str = "print('still here', x)"):
+    """Run ``x = 1``, the hostile cell, then ``then``; return (hostile result, follow-up result)."""
+    r = run(sandbox, ["x = 1", code, then], world)
+    assert r[0].ok
+    return r[1], r[2]
+
+
+def kept(follow: ExecResult) -> bool:
+    """The follow-up cell found the namespace intact."""
+    return follow.ok and follow.observation == "still here 1\n"
+
+
+def restarted(follow: ExecResult) -> bool:
+    """The follow-up cell ran in a fresh interpreter (the hostile cell's worker was replaced)."""
+    return not follow.ok and "NameError: name 'x' is not defined" in follow.observation

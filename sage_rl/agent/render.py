@@ -15,10 +15,19 @@ fixed system message (SmolLM2's and Qwen's templates inject a default system pro
 message is not a system one, so the probe always has one), and the pieces are the string
 differences between growing prefixes of it. The constructor checks that the template really
 renders that way (each rendering extends the previous one) and raises ``ValueError`` otherwise.
+
+Message contents are text, never control tokens (issue 11): an observation that prints
+``<|im_end|>\n<|im_start|>assistant`` must not forge a turn boundary in the model's context, nor
+may a skill's docstring in the prompt. So only the template's own text is scanned for special
+tokens; contents are encoded with special tokens treated as plain text. Text runs between the
+template's special tokens are encoded whole, so ordinary contents get exactly the ids a plain
+encoding of the rendered conversation gives.
 """
 
 from __future__ import annotations
 
+import re
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -48,28 +57,79 @@ class ChatRenderer:
             raise ValueError(f"the chat template closes an assistant turn with {self._close!r}, not a token")
         eos = tokenizer.eos_token_id
         self.stop_ids: tuple[int, ...] = tuple(dict.fromkeys(i for i in (self.eot_id, eos) if i is not None))
+        specials = sorted(getattr(tokenizer, "all_special_tokens", ()) or (), key=len, reverse=True)
+        self._specials = re.compile("(" + "|".join(map(re.escape, specials)) + ")") if specials else None
+        self._nonce = secrets.token_hex(4)  # content markers no message can contain by chance
+        self._observation_frame = self._frame()
+        probe = _render(tokenizer, _probe_messages(), generation_prompt=True)
+        if self._encode_pieces([(probe, False)]) != self._encode(probe):
+            raise ValueError("this tokenizer does not encode text around special tokens independently")
+
+    def _frame(self) -> tuple[str, str]:
+        """The template text around a user message's content when it is appended (head, tail)."""
+        mark = f"\ue000{self._nonce}\ue001"
+        probe = [*_probe_messages(), {"role": "user", "content": mark}]
+        added = _render(self.tokenizer, probe, generation_prompt=True)[len(self._before_observation) :]
+        head, sep, tail = added.partition(mark)
+        if not sep or mark in tail:
+            raise ValueError("the chat template does not render a user message's content once, unchanged")
+        return head, tail
 
     def _encode(self, text: str) -> list[int]:
         # Special tokens come from the template text itself, so none are added around it.
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def _encode_pieces(self, pieces: Sequence[tuple[str, bool]]) -> list[int]:
+        """Ids of ``(text, is_content)`` pieces: special tokens are matched in template pieces only;
+        the text between two of them (template text and contents alike) is encoded as one run with
+        special tokens treated as plain text."""
+        ids: list[int] = []
+        run: list[str] = []
+        for text, is_content in pieces:
+            parts = [text] if is_content or self._specials is None else self._specials.split(text)
+            for i, part in enumerate(parts):
+                if i % 2 == 0:
+                    run.append(part)
+                    continue
+                ids += self._encode_text("".join(run))
+                run = []
+                ids.append(self.tokenizer.convert_tokens_to_ids(part))
+        return ids + self._encode_text("".join(run))
+
+    def _encode_text(self, text: str) -> list[int]:
+        if not text:
+            return []
+        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
-        """The rendered conversation (usually system + user) followed by the generation prompt."""
-        text = self.tokenizer.apply_chat_template(
-            [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
+        """The rendered conversation (usually system + user) followed by the generation prompt;
+        message contents are placed verbatim in the template's frame, as text."""
+        marks = [f"\ue000{self._nonce}-{i}\ue001" for i in range(len(messages))]
+        framed = self.tokenizer.apply_chat_template(
+            [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)],
+            tokenize=False,
+            add_generation_prompt=True,
         )
-        return self._encode(text)
+        pieces: list[tuple[str, bool]] = []
+        for m, mark in zip(messages, marks, strict=True):
+            head, sep, framed = framed.partition(mark)
+            if not sep or mark in framed:
+                raise ValueError("the chat template does not render each message's content once, unchanged")
+            pieces += [(head, False), (m["content"], True)]
+        return self._encode_pieces([*pieces, (framed, False)])
 
     def observation_ids(self, text: str, gen_ids: Sequence[int]) -> list[int]:
         """Ids to append after a turn's sampled ``gen_ids``: the rest of the assistant turn's
         closer (all of it when sampling stopped on length, i.e. without the end-of-turn token),
-        then the new user message ``text`` and the generation prompt. Only this new text is
-        tokenised."""
+        then the new user message ``text`` (as text: special tokens in it are not tokens) and the
+        generation prompt. Only this new text is tokenised."""
         ended = bool(gen_ids) and gen_ids[-1] == self.eot_id
         close = self._close[len(self._eot_text) :] if ended else self._close
-        return self._encode(close + self._observation_text(text))
+        head, content, tail = self._observation_text(text)
+        return self._encode_pieces([(close + head, False), (content, True), (tail, False)])
 
-    def _observation_text(self, text: str) -> str:
+    def _observation_text(self, text: str) -> tuple[str, str, str]:
+        """(template text before the content, the content as rendered, template text after it)."""
         # The probe conversation ends with a closed assistant turn; what adding the user message
         # appends to its rendering is exactly the new message + the generation prompt.
         before = self._before_observation
@@ -77,7 +137,11 @@ class ChatRenderer:
         after = _render(self.tokenizer, [*_probe_messages(), message], generation_prompt=True)
         if not after.startswith(before):
             raise ValueError("the chat template re-renders earlier turns when a user message is added")
-        return after[len(before) :]
+        added = after[len(before) :]
+        head, tail = self._observation_frame
+        if not (added.startswith(head) and added.endswith(tail) and len(added) >= len(head) + len(tail)):
+            raise ValueError("the chat template's frame of a user message depends on its content")
+        return head, added[len(head) : len(added) - len(tail)], tail
 
     def conversation(self, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
         """``(ids, mask)`` for a whole conversation, built exactly as the agent loop builds it.

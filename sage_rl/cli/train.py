@@ -14,6 +14,7 @@ from sage_rl.cli.common import err, fail, load_or_exit, progress
 from sage_rl.config import dump_config
 from sage_rl.eval.report import headline_rows
 from sage_rl.settings import TrainConfig
+from sage_rl.train.checkpoint import CheckpointError
 from sage_rl.train.loop import TrainResult, train
 
 
@@ -35,6 +36,8 @@ def main(
         run = open_training(cfg, resume)
     except FileExistsError as e:
         raise fail(f"{e} (pass --resume, or out_dir=...)", 2) from None
+    except CheckpointError as e:
+        raise fail(str(e), 2) from None
     if run.model_source != cfg.policy.model:
         err.print(f"starting from {run.model_source} (init_from)")
     out.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ from sage_rl.skills.extract import SavePolicy, extract_skills
 from sage_rl.skills.library import Library
 from sage_rl.skills.record import Provenance, Skill
 from sage_rl.skills.retrieval import RetrievalConfig, Retriever, TaskContext
-from sage_rl.skills.usage import used_skills_from_calls, used_skills_static
+from sage_rl.skills.usage import used_skills
 from sage_rl.types import Chain, Outcome, StopReason, Task, Trajectory, cell_origin
 
 log = logging.getLogger(__name__)
@@ -158,11 +158,8 @@ class ChainRunner:
         loaded = set(traj.library_in) - set(traj.library_dropped)
         if not loaded:
             return set()
-        results = [t.result for t in traj.turns if t.code]
-        if all(r.calls is not None for r in results):
-            return used_skills_from_calls(results, loaded)
-        cells = [t.code for t in traj.turns if t.code]
-        return used_skills_static(cells, Library.of([s for s in visible if s.name in loaded]))
+        cells = [(t.code, t.result) for t in traj.turns if t.code]
+        return used_skills(cells, Library.of([s for s in visible if s.name in loaded]))
 
     def _saved(self, traj: Trajectory, library: Library, step: int) -> list[Skill]:
         if not self.skills.use_skills:

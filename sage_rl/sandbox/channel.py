@@ -5,7 +5,9 @@ message, so a call costs one wake-up of the event loop. Only the messages that e
 (``hello`` after start, ``done`` after a cell) resolve a future.
 
 Everything read here is untrusted: a frame longer than ``max_bytes`` is refused before it is
-buffered, and any message that is not expected now is a protocol error that ends the worker.
+buffered, API calls of one cell may carry at most ``CALL_BYTES_PER_CELL`` x ``max_bytes`` in all
+(decoding them is work done in the trainer's event loop, shared by every episode), and any
+message that is not expected now is a protocol error that ends the worker.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from typing import Any
 
 from sage_rl.sandbox.protocol import HEADER, ProtocolError, decode
 
+#: The bytes of API calls one cell may send, in units of ``max_bytes``; past it the worker is ended.
+CALL_BYTES_PER_CELL = 16
+
 
 class WorkerChannel(asyncio.Protocol):
     """Frames in, API answers out. ``answer(msg) -> frame`` is called for each ``call`` in a cell."""
@@ -31,6 +36,7 @@ class WorkerChannel(asyncio.Protocol):
         self.waiter: asyncio.Future[dict[str, Any]] | None = None
         self.error: BaseException | None = None
         self.in_cell = False
+        self.call_bytes = 0  # bytes of frames received in the current cell
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -66,7 +72,7 @@ class WorkerChannel(asyncio.Protocol):
             raise self.error
         assert self.transport is not None
         self.waiter = asyncio.get_running_loop().create_future()
-        self.in_cell = True
+        self.in_cell, self.call_bytes = True, 0
         self.transport.write(frame)
 
     def close(self) -> None:
@@ -83,6 +89,10 @@ class WorkerChannel(asyncio.Protocol):
             raise ProtocolError(f"the worker sent a {n}-byte message (limit {self.max_bytes})")
         if len(self.buf) < HEADER.size + n:
             return None
+        self.call_bytes += n
+        if self.call_bytes > CALL_BYTES_PER_CELL * self.max_bytes:
+            budget = CALL_BYTES_PER_CELL * self.max_bytes
+            raise ProtocolError(f"the worker sent more than {budget} bytes of API calls in one cell")
         body = bytes(self.buf[HEADER.size : HEADER.size + n])
         del self.buf[: HEADER.size + n]
         return decode(body)

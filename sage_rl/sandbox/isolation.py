@@ -2,7 +2,7 @@
 
 Order matters and is fixed here:
 1. template (once): a new network namespace, so every worker starts with no network;
-2. worker (after fork): rlimits -> scratch as cwd -> drop root to ``nobody`` -> no_new_privs ->
+2. worker (after fork): rlimits -> scratch as cwd -> own IPC namespace -> drop root to ``nobody`` -> no_new_privs ->
    Landlock -> seccomp -> the friendly guard. Each step that fails is recorded, never fatal.
 """
 
@@ -12,26 +12,17 @@ import ctypes
 import os
 import pwd
 import resource
-import site
-import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sage_rl.sandbox import guard, landlock, seccomp_layer
 from sage_rl.sandbox.limits import SandboxLimits
 
-_CLONE_NEWNET, _CLONE_NEWUSER = 0x40000000, 0x10000000
+_CLONE_NEWNET, _CLONE_NEWUSER, _CLONE_NEWIPC = 0x40000000, 0x10000000, 0x08000000
 _PR_SET_NO_NEW_PRIVS, _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_KEEPCAPS = 38, 1, 4, 8
 _CAP_VERSION_3, _CAP_DAC_READ_SEARCH = 0x20080522, 2
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-_ETC_READABLE = (
-    "localtime", "timezone", "passwd", "group", "nsswitch.conf", "hosts", "resolv.conf", "mime.types",
-    "ssl", "ca-certificates", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "locale.alias", "os-release",
-)  # fmt: skip
-_DEV_READABLE = ("null", "zero", "full", "random", "urandom")
-_PROC_READABLE = ("cpuinfo", "meminfo", "stat", "loadavg", "uptime", "version", "filesystems")
 
 
 @dataclass(frozen=True)
@@ -39,6 +30,8 @@ class IsolationReport:
     """Which layers took effect in a worker. ``none``/empty means the layer is missing.
 
     network: "netns" (own empty network namespace) | "landlock-tcp" | "seccomp" | "none";
+    ipc: how System V IPC and POSIX message queues are kept from other episodes: "namespace" (the
+    worker's own IPC namespace), "seccomp" (the calls are refused), both joined by "+", or "none";
     filesystem: "landlock" (writes only in scratch) | "user" (file permissions of ``nobody``) | "none";
     seccomp: True when the syscall filter is loaded (no processes, no network sockets, no signals out);
     user: the user the worker runs as; rlimits: the resource limits set; notes: why a layer is missing.
@@ -51,6 +44,7 @@ class IsolationReport:
     user: str = ""
     rlimits: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    ipc: str = "none"
 
     @property
     def level(self) -> str:
@@ -62,6 +56,7 @@ class IsolationReport:
     def line(self) -> str:
         return (
             f"sandbox isolation: {self.level} (network={self.network}, filesystem={self.filesystem}, "
+            f"ipc={self.ipc}, "
             f"seccomp={'on' if self.seccomp else 'off'}, landlock={','.join(self.landlock) or 'off'}, "
             f"user={self.user}, rlimits={','.join(self.rlimits) or 'none'})"
             + (f"; missing: {'; '.join(self.notes)}" if self.notes else "")
@@ -71,6 +66,7 @@ class IsolationReport:
         return {
             "network": self.network,
             "filesystem": self.filesystem,
+            "ipc": self.ipc,
             "seccomp": self.seccomp,
             "landlock": list(self.landlock),
             "user": self.user,
@@ -84,6 +80,7 @@ class IsolationReport:
         return cls(
             network=str(d.get("network", "none")),
             filesystem=str(d.get("filesystem", "none")),
+            ipc=str(d.get("ipc", "none")),
             seccomp=bool(d.get("seccomp", False)),
             landlock=tuple(str(x) for x in d.get("landlock", ())),
             user=str(d.get("user", "")),
@@ -120,34 +117,21 @@ def _write(path: str, text: str) -> None:
         f.write(text)
 
 
-def readable_paths() -> list[str]:
-    """What a worker may read under Landlock: system folders, this Python and its packages."""
-    import sage_rl  # noqa: PLC0415
-
-    paths = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/sys/devices/system/cpu"]
-    # The worker's own /proc entry only ("/proc/self" resolves when the worker adds the rule): a
-    # trainer of the same user would otherwise expose /proc/<pid>/environ and its open files.
-    paths += ["/proc/self", *(f"/proc/{name}" for name in _PROC_READABLE)]
-    # Named files only under /etc and /dev: the worker may hold CAP_DAC_READ_SEARCH, which would
-    # otherwise open /etc/shadow or a raw disk.
-    paths += [f"/etc/{name}" for name in _ETC_READABLE] + [f"/dev/{name}" for name in _DEV_READABLE]
-    paths += [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))]
-    # Site folders, not every sys.path entry: PYTHONPATH may name a checkout holding run outputs.
-    paths += site.getsitepackages()
-    paths.append(os.path.dirname(os.path.abspath(sage_rl.__file__)))
-    # realpath, except /proc/self: it must resolve in the worker, not here in the template
-    return list(dict.fromkeys(p if p.startswith("/proc/") else os.path.realpath(p) for p in paths))
-
-
 def apply_worker_layers(
-    limits: SandboxLimits, scratch: str, network: str, readable: list[str]
+    limits: SandboxLimits, scratch: str, network: str, readable: list[str], listable: Sequence[str] = ()
 ) -> IsolationReport:
-    """Apply every worker layer that this machine supports; return what took effect."""
+    """Apply every worker layer that this machine supports; return what took effect. ``readable``
+    and ``listable`` come from ``readable.readable_paths()`` (listable: folder names only)."""
     notes: list[str] = []
     template = os.getppid()
     rl = _set_rlimits(limits, notes)
     os.chdir(scratch)
     os.environ.update(HOME=scratch, TMPDIR=scratch)
+    # Its own IPC namespace, while it still holds the capability: message queues and shared memory
+    # of other episodes are out of sight, and its own vanish with it.
+    own_ipc = _libc.unshare(_CLONE_NEWIPC) == 0
+    if not own_ipc:
+        notes.append(f"IPC namespace unavailable ({os.strerror(ctypes.get_errno())})")
     abi = landlock.abi_version()
     # With Landlock limiting reads, the dropped user keeps CAP_DAC_READ_SEARCH so that an interpreter
     # installed under a private folder (e.g. /root/.pyenv) stays importable.
@@ -161,7 +145,7 @@ def apply_worker_layers(
         os._exit(0)
     _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # no core dumps, no /proc/<pid>/mem for same-user peers
     _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    ll = _landlock(abi, limits, scratch, readable, notes)
+    ll = _landlock(abi, limits, scratch, readable, listable, notes)
     sec = _seccomp(notes)
     if user.endswith("+read") and not ("fs-read" in ll and sec):
         _set_caps(0)  # the read capability is only safe under Landlock reads and seccomp
@@ -171,7 +155,8 @@ def apply_worker_layers(
         network if network != "none" else ("landlock-tcp" if "tcp" in ll else ("seccomp" if sec else "none"))
     )
     fs = "landlock" if ll else ("user" if user != "root" else "none")
-    return IsolationReport(net, fs, sec, tuple(ll), user, tuple(rl), tuple(notes))
+    ipc = "+".join(name for name, on in (("namespace", own_ipc), ("seccomp", sec)) if on) or "none"
+    return IsolationReport(net, fs, sec, tuple(ll), user, tuple(rl), tuple(notes), ipc)
 
 
 def _try_rlimit(name: str, which: int, value: int, notes: list[str]) -> list[str]:
@@ -244,7 +229,12 @@ def _known_uid(uid: int) -> bool:
 
 
 def _landlock(
-    abi: int, limits: SandboxLimits, scratch: str, readable: list[str], notes: list[str]
+    abi: int,
+    limits: SandboxLimits,
+    scratch: str,
+    readable: list[str],
+    listable: Sequence[str],
+    notes: list[str],
 ) -> list[str]:
     if abi < 1:
         notes.append(
@@ -252,7 +242,7 @@ def _landlock(
         )
         return []
     try:
-        return landlock.restrict(abi, scratch, readable, limits.restrict_reads, ["/dev/null"])
+        return landlock.restrict(abi, scratch, readable, limits.restrict_reads, ["/dev/null"], listable)
     except OSError as e:
         notes.append(f"Landlock failed ({e})")
         return []

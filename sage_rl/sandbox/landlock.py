@@ -60,10 +60,16 @@ def write_rights(abi: int) -> int:
 
 
 def restrict(
-    abi: int, scratch: str, readable: Iterable[str], restrict_reads: bool, writable_files: Iterable[str]
+    abi: int,
+    scratch: str,
+    readable: Iterable[str],
+    restrict_reads: bool,
+    writable_files: Iterable[str],
+    listable: Iterable[str] = (),
 ) -> list[str]:
-    """Restrict this process: read+write under ``scratch``; read-only under ``readable`` (when
-    ``restrict_reads``, nothing else is readable); no TCP; no signals out. Returns what was applied.
+    """Restrict this process: read+write under ``scratch``; read-only under ``readable``, and
+    folder listing only under ``listable`` (when ``restrict_reads``, nothing else is readable); no
+    TCP; no signals out. Returns what was applied.
 
     Needs no_new_privs set beforehand (or CAP_SYS_ADMIN). Raises LandlockError when it cannot apply.
     """
@@ -77,9 +83,10 @@ def restrict(
     fd = _check(_libc.syscall(_SYS_CREATE_RULESET, buf, ctypes.c_size_t(size), ctypes.c_uint32(0)), "create")
     try:
         _allow(fd, scratch, fs)
-        readable_paths = list(readable) if restrict_reads else []
-        for path in readable_paths:
+        for path in readable if restrict_reads else ():
             _allow(fd, path, read & ~EXECUTE, missing_ok=True)
+        for path in listable if restrict_reads else ():
+            _allow(fd, path, READ_DIR, missing_ok=True)
         for path in writable_files:
             _allow(fd, path, (READ_FILE | WRITE_FILE) & fs, missing_ok=True)
         _check(_libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)), "restrict_self")

@@ -45,7 +45,11 @@ class SandboxLimits(Section):
         1000, ge=1, le=1_000_000, description="API calls per cell; later calls fail with a clear error."
     )
     message_bytes: int = Field(
-        8 << 20, ge=64 << 10, description="Largest message between worker and parent (API args, results)."
+        256 << 10,
+        ge=64 << 10,
+        le=64 << 20,
+        description="Largest message between worker and parent (API args, results); a cell's API calls "
+        "may carry 16x this in all.",
     )
     restrict_reads: bool = Field(
         True,

@@ -13,7 +13,9 @@ hundreds of syscalls and an allow-list breaks on the next glibc. The deny rules:
   tkill, ptrace, process_vm_readv/writev, pidfd_*, prlimit64 on another pid;
 - files: chmod/chown/xattr families (Landlock does not cover them), open_by_handle_at;
 - kernel surface: io_uring (its operations bypass seccomp), bpf, perf_event_open, userfaultfd,
-  namespaces and mounts, keyrings, modules, kexec, reboot, swap, acct.
+  namespaces and mounts, keyrings, modules, kexec, reboot, swap, acct;
+- channels between episodes: System V message queues, semaphores and shared memory, and POSIX
+  message queues (each worker also gets its own IPC namespace where the kernel allows it).
 """
 
 from __future__ import annotations
@@ -83,6 +85,25 @@ _DENY_ALWAYS = (
     "removexattr",
     "lremovexattr",
     "fremovexattr",
+    # System V IPC and POSIX message queues: a channel between episodes that outlives the worker
+    "msgget",
+    "msgsnd",
+    "msgrcv",
+    "msgctl",
+    "semget",
+    "semop",
+    "semtimedop",
+    "semctl",
+    "shmget",
+    "shmat",
+    "shmdt",
+    "shmctl",
+    "mq_open",
+    "mq_unlink",
+    "mq_timedsend",
+    "mq_timedreceive",
+    "mq_notify",
+    "mq_getsetattr",
 )
 _ENOSYS = ("clone3", "io_uring_setup", "io_uring_enter", "io_uring_register")
 

@@ -26,6 +26,9 @@ from sage_rl.types import CallRecord, ExecResult
 if TYPE_CHECKING:
     from sage_rl.sandbox.pool import Dispatch, Sandbox
 
+#: Longest app or API name passed to ``dispatch``; longer ones are refused unseen (and not echoed).
+MAX_NAME_CHARS = 64
+
 RESTARTED = (
     "The interpreter was restarted: variables, functions and imports from earlier cells are gone; "
     "define them again."
@@ -163,7 +166,10 @@ class Session:
         """The reply frame to one API call. Runs in the event loop, inside the channel's callback."""
         app, api, kwargs = msg.get("app"), msg.get("api"), msg.get("kwargs")
         if not (_public_name(app) and _public_name(api) and isinstance(kwargs, dict)):
-            return _error("malformed API call: apis.<app>.<api>(**kwargs)")
+            return _error(
+                f"malformed API call: apis.<app>.<api>(**kwargs), where app and API names are public "
+                f"identifiers of at most {MAX_NAME_CHARS} characters"
+            )
         self._calls += 1
         limit = self.limits.api_calls_per_cell
         if self._calls > 2 * limit + 100:  # ignoring the refusals: a flood that would hog the event loop
@@ -205,8 +211,9 @@ def _error(message: str) -> bytes:
 
 
 def _public_name(x: Any) -> bool:
-    """App and API names are untrusted: identifiers only, nothing private (``_x``, ``__class__``)."""
-    return isinstance(x, str) and x.isidentifier() and not x.startswith("_")
+    """App and API names are untrusted: short identifiers only, nothing private (``_x``,
+    ``__class__``). Checked before ``dispatch`` sees them, in constant time for any length."""
+    return isinstance(x, str) and len(x) <= MAX_NAME_CHARS and x.isidentifier() and not x.startswith("_")
 
 
 def _result(msg: dict[str, Any], output_chars: int) -> ExecResult:

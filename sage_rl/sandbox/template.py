@@ -37,7 +37,7 @@ import sys
 import textwrap  # noqa: F401
 import typing  # noqa: F401
 
-from sage_rl.sandbox import isolation, seccomp_layer
+from sage_rl.sandbox import isolation, readable, seccomp_layer
 from sage_rl.sandbox.limits import SandboxLimits
 from sage_rl.sandbox.protocol import BlockingChannel
 from sage_rl.sandbox.worker import serve
@@ -54,8 +54,21 @@ def _redirect_stdio() -> None:
     os.close(null)
 
 
+def _seal_project_imports() -> None:
+    """No further module of the project can be imported here or in a worker: its package folders
+    become empty search paths (Landlock then also refuses to read them; without Landlock this is a
+    courtesy, not a boundary: docs/sandbox.md). Everything the worker runs is imported above."""
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] == readable.PACKAGE and hasattr(module, "__path__"):
+            module.__path__ = []
+
+
 def spawn_worker(
-    ctl: socket.socket, limits: SandboxLimits, scratch: str, network: str, readable: list[str]
+    ctl: socket.socket,
+    limits: SandboxLimits,
+    scratch: str,
+    network: str,
+    paths: tuple[list[str], list[str]],
 ) -> tuple[int, socket.socket]:
     """Fork one worker bound to ``scratch``; return its pid and the parent's end of its socket."""
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -68,7 +81,7 @@ def spawn_worker(
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             _redirect_stdio()
-            report = isolation.apply_worker_layers(limits, scratch, network, readable)
+            report = isolation.apply_worker_layers(limits, scratch, network, *paths)
             hello = {"op": "hello", "isolation": report.to_dict()}
             serve(BlockingChannel(child_end), limits.message_bytes, limits.output_chars, hello)
         finally:
@@ -83,7 +96,8 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps workers; the parent kills by pidfd
     network, note = isolation.enter_network_namespace()
-    readable = isolation.readable_paths()
+    paths = readable.readable_paths()
+    _seal_project_imports()
     with contextlib.suppress(ImportError, OSError):
         seccomp_layer.syscall_numbers()  # resolve once; every worker inherits the cache
     gc.freeze()  # keep the pre-imported heap out of the collector so forks share its pages
@@ -99,7 +113,7 @@ def main() -> None:
         if msg.get("op") != "fork":
             break
         try:
-            pid, end = spawn_worker(ctl, limits, str(msg["scratch"]), network, readable)
+            pid, end = spawn_worker(ctl, limits, str(msg["scratch"]), network, paths)
         except OSError as e:
             ctl.send(json.dumps({"op": "error", "error": f"fork failed: {e}"}).encode())
             continue

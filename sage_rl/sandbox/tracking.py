@@ -1,16 +1,25 @@
 """Call records for functions defined by agent code (runs inside the worker).
 
-Each ``def`` and ``lambda`` in a cell gets one extra, innermost decorator: the tracker's ``wrap``.
-The wrapper counts calls and calls that raised, per (qualified name, origin) and per cell. This
-costs one extra Python frame per call of an agent function and nothing for other calls; a
-``sys.setprofile`` hook would cost a callback on every call and cannot tell a raising call from one
-that returned None.
+Each ``def`` in a cell gets one extra, innermost decorator: the tracker's ``wrap``. The wrapper
+counts calls and calls that raised, per (qualified name, origin) and per cell. This costs one extra
+Python frame per call of an agent function and nothing for other calls; a ``sys.setprofile`` hook
+would cost a callback on every call and cannot tell a raising call from one that returned None.
+
+The decorator has no name: the cell is compiled with a random marker string as the decorator, and
+the marker is then replaced by ``wrap`` in the constants of the compiled code. So there is nothing
+called ``__sage_track__`` in the cell's globals or builtins, and ``wrap`` counts only functions whose
+code objects this tracker compiled itself (``compile(..., '<skill:NAME>', ...)`` by agent code
+earns nothing). Lambdas are not tracked: they are never skills.
 
 Semantics, stated once:
 - a generator or async function counts when its body starts running, and raised when its body
   raises (not when it is merely created);
-- the records are computed inside the worker, which agent code controls: they are evidence of
-  usage for the skill library, not a security boundary (docs/sandbox.md).
+- the records are computed inside the worker, which agent code controls: introspection (frames'
+  code constants, closures, ``gc``, ``ctypes``) can still reach the tracker and change them. They
+  are evidence, cross-checked in the parent against the task's own code (``skills/usage.py``); see
+  docs/sandbox.md.
+
+This module is imported by the template process: it imports nothing of the project.
 """
 
 from __future__ import annotations
@@ -18,40 +27,33 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import secrets
 import types
 from collections.abc import Callable
 from typing import Any
 
-from sage_rl.types import SKILL_ORIGIN_PREFIX
+#: Filename prefix of a library skill's code (equal to ``sage_rl.types.SKILL_ORIGIN_PREFIX``; not
+#: imported from there so that the worker loads nothing of the project beyond the sandbox).
+SKILL_ORIGIN_PREFIX = "<skill:"
 
 #: Filename prefixes of code compiled from agent cells and library skills (see sage_rl/types.py).
 AGENT_PREFIXES = ("<cell-", SKILL_ORIGIN_PREFIX)
 
-#: Name under which the tracker's ``wrap`` is bound in the agent namespace.
-TRACK_NAME = "__sage_track__"
-
 
 class _Instrument(ast.NodeTransformer):
-    """Add ``TRACK_NAME`` as the innermost decorator of every def and wrap every lambda."""
+    """Append ``marker`` (a string constant, replaced by ``wrap`` after compiling) as the innermost
+    decorator of every def."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
 
     def _decorate(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
         self.generic_visit(node)
-        node.decorator_list.append(ast.Name(TRACK_NAME, ast.Load()))
+        node.decorator_list.append(ast.Constant(self.marker))
         return node
 
     visit_FunctionDef = _decorate
     visit_AsyncFunctionDef = _decorate
-
-    def visit_Lambda(self, node: ast.Lambda) -> ast.AST:
-        self.generic_visit(node)
-        return ast.Call(ast.Name(TRACK_NAME, ast.Load()), [node], [])
-
-
-def compile_cell(code: str, origin: str) -> Any:
-    """Compile agent code as ``origin`` with call tracking. Raises SyntaxError/ValueError as compile does."""
-    tree = ast.parse(code, filename=origin, mode="exec")
-    tree = ast.fix_missing_locations(_Instrument().visit(tree))
-    return compile(tree, origin, "exec", dont_inherit=True)
 
 
 class CallTracker:
@@ -59,18 +61,41 @@ class CallTracker:
 
     def __init__(self) -> None:
         self.counts: dict[tuple[str, str], list[int]] = {}
+        # Unguessable, so no string literal of agent code can collide with it.
+        self._marker = f"\x00sage-track-{secrets.token_hex(8)}\x00"
+        self._codes: dict[int, types.CodeType] = {}  # id -> code object compiled here (kept alive)
 
     def start_cell(self) -> None:
         self.counts = {}
+
+    def compile(self, code: str, origin: str) -> types.CodeType:
+        """Compile agent code as ``origin`` with call tracking. Raises SyntaxError/ValueError as
+        ``compile`` does."""
+        tree = ast.parse(code, filename=origin, mode="exec")
+        tree = ast.fix_missing_locations(_Instrument(self._marker).visit(tree))
+        return self._inject(compile(tree, origin, "exec", dont_inherit=True))
+
+    def _inject(self, code: types.CodeType) -> types.CodeType:
+        """``code`` (and the code objects nested in it) with the marker constant replaced by ``wrap``."""
+        consts = tuple(
+            self.wrap
+            if type(c) is str and c == self._marker
+            else (self._inject(c) if isinstance(c, types.CodeType) else c)
+            for c in code.co_consts
+        )
+        new = code.replace(co_consts=consts)
+        self._codes[id(new)] = new
+        return new
 
     def records(self) -> list[list[Any]]:
         """``[name, origin, calls, errors]`` rows, sorted, for the functions called this cell."""
         return sorted([name, origin, n[0], n[1]] for (name, origin), n in self.counts.items())
 
     def wrap(self, fn: Any) -> Any:
-        """Return ``fn`` wrapped so that its calls are counted; non-agent objects pass through."""
+        """Return ``fn`` wrapped so that its calls are counted; anything not compiled by this
+        tracker passes through unchanged."""
         code = getattr(fn, "__code__", None)
-        if code is None or not code.co_filename.startswith(AGENT_PREFIXES):
+        if code is None or self._codes.get(id(code)) is not code:
             return fn
         key = (code.co_qualname, code.co_filename)
         if inspect.iscoroutinefunction(fn):

@@ -19,7 +19,7 @@ import traceback
 from typing import Any, NoReturn
 
 from sage_rl.sandbox.protocol import BlockingChannel, encode
-from sage_rl.sandbox.tracking import AGENT_PREFIXES, TRACK_NAME, CallTracker, compile_cell, defined_functions
+from sage_rl.sandbox.tracking import AGENT_PREFIXES, CallTracker, defined_functions
 
 #: Frames of agent code shown at most in a traceback (the last ones; repeats are collapsed too).
 MAX_FRAMES = 30
@@ -96,7 +96,7 @@ class Bridge:
         self.main_ident = threading.main_thread().ident
 
     def call(self, app: str, api: str, kwargs: dict[str, Any]) -> Any:
-        where = f"apis.{app}.{api}"
+        where = f"apis.{_short(app)}.{_short(api)}"
         try:
             frame = encode({"op": "call", "app": app, "api": api, "kwargs": kwargs})
         except (TypeError, ValueError) as e:
@@ -125,6 +125,11 @@ class Bridge:
         if reply.get("ok"):
             return reply.get("value")
         raise ApiError(str(reply.get("error")))
+
+
+def _short(name: str) -> str:
+    """A name as echoed in messages: names longer than 64 characters are cut (the parent refuses them)."""
+    return name if len(name) <= 64 else f"{name[:32]}...({len(name)} characters)"
 
 
 class _Api:
@@ -223,7 +228,6 @@ class Runtime:
     def run_cell(self, code: str, origin: str, timeout_s: float, cpu_s: int) -> dict[str, Any]:
         out = CappedOutput(self.output_chars)
         self.tracker.start_cell()
-        self.namespace[TRACK_NAME] = self.tracker.wrap
         linecache.cache[origin] = (len(code), None, code.splitlines(True), origin)
         saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = out
@@ -246,7 +250,7 @@ class Runtime:
         armed, so an exception whose ``__str__`` hangs is timed out like any other code."""
         try:
             try:
-                compiled = compile_cell(code, origin)
+                compiled = self.tracker.compile(code, origin)
                 self._arm(timeout_s, cpu_s)
                 try:
                     exec(compiled, self.namespace)

@@ -7,9 +7,11 @@ A candidate is a top-level ``def``/``async def`` of an executed cell. Its tier i
   otherwise every top-level def of a cell that finished ok, and none of a cell that failed (where
   it failed is not known, so nothing of it is trusted);
 - ``called_ok``: the definition was called at least once and no call raised. From call records
-  (``CallRecord.origin`` = the defining cell's origin, summed over all cells); without records,
-  from ``static.CallSimulator``: called in at least one cell that finished ok and in no cell that
-  failed;
+  (``CallRecord.origin`` = the defining cell's origin, summed over all cells), and only if the
+  cells call it by name (``static.CallSimulator``): records are counted inside the worker, where
+  agent code can forge them, so a record alone never promotes a function (docs/sandbox.md);
+  without records, from the simulator alone: called in at least one cell that finished ok and in
+  no cell that failed;
 - ``task_success``: called ok, and the task succeeded.
 
 Replace-by-name within a trajectory: for each name, the last definition that reaches the policy's
@@ -106,7 +108,7 @@ def candidates(
     """Every executed top-level definition with its tier, in execution order."""
     trees = [parse_cell(code) for code, _ in cells]
     if all(r.calls is not None for _, r in cells):
-        called = _called_ok_from_records(cells, origins, trees)
+        called = _called_ok_from_records(cells, origins, trees) & _called_static(trees, library)
     else:
         called = _called_ok_static(cells, trees, library)
     imports: dict[str, tuple[int, ast.Import | ast.ImportFrom]] = {}  # name -> (order, statement)
@@ -205,6 +207,16 @@ def _executed_def_cells(
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and _executed(node, result):
                 out.setdefault(node.name, []).append(i)
     return out
+
+
+def _called_static(
+    trees: Sequence[ast.Module | None], library: Mapping[str, FunctionNode]
+) -> set[tuple[int, str]]:
+    """(defining cell, name) of every task function the cells call by name, in any cell."""
+    sim = CallSimulator(library)
+    return {
+        (b.cell, b.name) for i, tree in enumerate(trees) for b in sim.run_cell(i, tree) if not b.from_library
+    }
 
 
 def _called_ok_static(

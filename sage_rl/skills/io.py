@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sage_rl.skills.record import Provenance, Skill, SkillError, Tier, make_skill
+from sage_rl.skills.record import Skill, SkillError, check_field
 
 HEADER = "# sage-rl skill"
 _HEADER_KEYS = ("name", "version", "tier", "uses", "successes", "depends_on", "content_hash", "provenance")
@@ -64,6 +64,8 @@ def read_jsonl(path: str | Path) -> ImportReport:
                 skills.append(Skill.from_json(line))
             except SkillError as e:
                 errors.append(BadRecord(str(path), i, str(e)))
+            except Exception as e:  # noqa: BLE001 - a record must never abort the import (a bug: say so)
+                errors.append(BadRecord(str(path), i, f"unexpected {type(e).__name__}: {str(e)[:200]}"))
     return ImportReport(tuple(skills), tuple(errors))
 
 
@@ -165,20 +167,17 @@ def _skill_from_header(
 
     try:
         line, raw = field_("provenance", "{}")
-        prov = Provenance(**json.loads(raw))
+        fields = {"provenance": check_field(name, "provenance", json.loads(raw)).__dict__}
         line, raw = field_("tier", "parsed")
-        tier = Tier.parse(raw)
-        counts = {}
+        fields["tier"] = check_field(name, "tier", raw).label
         for key, default in (("version", "1"), ("uses", "0"), ("successes", "0")):
             line, raw = field_(key, default)
-            counts[key] = int(raw)
-            if counts[key] < 0:
-                raise ValueError(f"{key} must be >= 0")
+            fields[key] = check_field(name, key, int(raw) if len(raw) <= 20 else raw)
         line, raw = field_("depends_on", "")
-        deps = tuple(d.strip() for d in raw.split(",") if d.strip())
-        line = 1
-        return make_skill(
-            source, name=name, imports=imports, depends_on=deps, provenance=prov, tier=tier, **counts
+        fields["depends_on"] = list(
+            check_field(name, "depends_on", [d.strip() for d in raw.split(",") if d.strip()])
         )
-    except (ValueError, TypeError, SkillError) as e:
+        line = 1
+        return Skill.from_dict({"name": name, "source": source, "imports": list(imports), **fields})
+    except (ValueError, TypeError, RecursionError, SkillError) as e:
         raise _FileError(line, str(e)) from None

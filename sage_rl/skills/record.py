@@ -94,35 +94,43 @@ class Skill:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Skill:
-        """Validate and rebuild. Derived fields (signature, docstring, hash) are recomputed from the
-        source, so an edited source stays consistent; a bad record raises ``SkillError``."""
+        """Validate and rebuild. Every field is checked for its type and range (a bad record raises
+        ``SkillError`` naming the field, never anything else); derived fields (signature, docstring,
+        hash) are recomputed from the source, so an edited source stays consistent."""
         if not isinstance(d, Mapping):
             raise SkillError(f"a skill record must be a JSON object, not {type(d).__name__}")
-        missing = [k for k in ("name", "source") if not isinstance(d.get(k), str) or not d.get(k)]
-        if missing:
-            raise SkillError(f"skill record lacks a non-empty string field {missing[0]!r}")
+        for key in ("name", "source"):
+            if not isinstance(d.get(key), str) or not d.get(key):
+                raise SkillError(f"skill record lacks a non-empty string field {key!r}")
+        name = d["name"]
+        if len(name) > MAX_NAME_CHARS or not name.isidentifier():
+            raise SkillError(
+                f"skill name must be a Python identifier of at most {MAX_NAME_CHARS} characters, got {name[:80]!r}"
+            )
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
-            raise SkillError(f"skill {d['name']!r}: unknown fields {sorted(unknown)}")
-        prov = d.get("provenance") or {}
-        try:
-            provenance = Provenance(**prov)
-        except TypeError as e:
-            raise SkillError(f"skill {d['name']!r}: bad provenance: {e}") from None
-        imports = d.get("imports") or ()
-        if not all(isinstance(i, str) for i in imports):
-            raise SkillError(f"skill {d['name']!r}: imports must be strings")
-        return make_skill(
-            d["source"],
-            name=d["name"],
-            imports=tuple(imports),
-            depends_on=tuple(d.get("depends_on") or ()),
-            provenance=provenance,
-            version=_int_field(d, "version", 1),
+            raise SkillError(f"skill {name!r}: unknown fields {sorted(map(str, unknown))[:10]}")
+        for key in ("signature", "docstring", "content_hash"):  # recomputed; only their type is checked
+            if not isinstance(d.get(key, ""), str):
+                raise SkillError(f"skill {name!r}: {key} must be a string")
+        if len(d["source"]) > MAX_SOURCE_CHARS:
+            raise SkillError(f"skill {name!r}: source is longer than {MAX_SOURCE_CHARS} characters")
+        fields = dict(
+            name=name,
+            imports=_strings(d, "imports", _is_import, "an import statement"),
+            depends_on=_strings(d, "depends_on", str.isidentifier, "a skill name"),
+            provenance=provenance_from(d.get("provenance"), name),
+            version=_int_field(d, "version", 1, low=1),
             tier=Tier.parse(d.get("tier", "parsed")),
             uses=_int_field(d, "uses", 0),
             successes=_int_field(d, "successes", 0),
         )
+        try:
+            return make_skill(d["source"], **fields)
+        except (RecursionError, MemoryError, ValueError) as e:  # absurdly nested source
+            if isinstance(e, SkillError):
+                raise
+            raise SkillError(f"skill {name!r}: source cannot be analysed ({type(e).__name__})") from None
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False, sort_keys=True)
@@ -133,6 +141,8 @@ class Skill:
             d = json.loads(line)
         except json.JSONDecodeError as e:
             raise SkillError(f"not valid JSON: {e.msg} at column {e.colno}") from None
+        except (ValueError, RecursionError) as e:  # an integer past the str limit, deep nesting
+            raise SkillError(f"not usable JSON: {type(e).__name__}: {str(e)[:200]}") from None
         return cls.from_dict(d)
 
 
@@ -173,6 +183,8 @@ def function_node(source: str, name: str | None = None) -> FunctionNode:
         tree = ast.parse(source)
     except SyntaxError as e:
         raise SkillError(f"skill {name or '?'}: source does not parse (line {e.lineno}: {e.msg})") from None
+    except (ValueError, RecursionError, MemoryError) as e:  # null bytes, absurd nesting
+        raise SkillError(f"skill {name or '?'}: source does not parse ({type(e).__name__})") from None
     funcs = [n for n in tree.body if isinstance(n, FunctionNode) and (name is None or n.name == name)]
     if not funcs:
         raise SkillError(f"skill {name or '?'}: source holds no top-level function {name or ''}".rstrip())
@@ -220,8 +232,95 @@ def dependencies(node: FunctionNode, known: Collection[str]) -> tuple[str, ...]:
     return tuple(sorted((used & set(known)) - {node.name}))
 
 
-def _int_field(d: Mapping[str, Any], key: str, default: int) -> int:
+#: Bounds of a valid record: counters fit SQLite's 64-bit INTEGER; text stays readable in a prompt.
+MAX_COUNT = 2**62
+MAX_NAME_CHARS = 200
+MAX_SOURCE_CHARS = 200_000
+MAX_TEXT_CHARS = 1_000
+MAX_ITEMS = 200
+
+
+def provenance_from(value: Any, name: str) -> Provenance:
+    """A ``Provenance`` from a record's ``provenance`` object, each field checked (``SkillError``)."""
+    if value is None:
+        return Provenance()
+    if not isinstance(value, Mapping):
+        raise SkillError(f"skill {name!r}: bad provenance: must be an object, not {type(value).__name__}")
+    unknown = set(value) - {f.name for f in dataclasses.fields(Provenance)}
+    if unknown:
+        raise SkillError(f"skill {name!r}: bad provenance: unknown fields {sorted(map(str, unknown))[:10]}")
+    for key in ("task_id", "scenario_id", "policy"):
+        v = value.get(key, "")
+        if not isinstance(v, str) or len(v) > MAX_TEXT_CHARS:
+            raise SkillError(
+                f"skill {name!r}: bad provenance: {key} must be a string of at most {MAX_TEXT_CHARS} characters"
+            )
+    step = _int_field({"name": name, **value}, "step", 0, where="bad provenance: step")
+    created = value.get("created_at", 0.0)
+    if isinstance(created, bool) or not isinstance(created, (int, float)) or not 0 <= created < 1e12:
+        raise SkillError(
+            f"skill {name!r}: bad provenance: created_at must be seconds since the epoch (a number), "
+            f"got {_brief(created)}"
+        )
+    return Provenance(
+        value.get("task_id", ""), value.get("scenario_id", ""), value.get("policy", ""), step, float(created)
+    )
+
+
+def check_field(name: str, key: str, value: Any) -> Any:
+    """Validate one field of a record named ``name`` (as ``Skill.from_dict`` does); ``SkillError``
+    names what is wrong. For readers that know where each field came from (the folder format)."""
+    d = {"name": name, key: value}
+    if key in ("version", "uses", "successes"):
+        return _int_field(d, key, 0, low=1 if key == "version" else 0)
+    if key == "imports":
+        return _strings(d, key, _is_import, "an import statement")
+    if key == "depends_on":
+        return _strings(d, key, str.isidentifier, "a skill name")
+    if key == "provenance":
+        return provenance_from(value, name)
+    if key == "tier":
+        return Tier.parse(value)
+    raise KeyError(key)
+
+
+def _strings(d: Mapping[str, Any], key: str, valid: Any, what: str) -> tuple[str, ...]:
+    v = d.get(key) or ()
+    if not isinstance(v, (list, tuple)) or len(v) > MAX_ITEMS:
+        raise SkillError(
+            f"skill {d['name']!r}: {key} must be a list of at most {MAX_ITEMS} strings, got {_brief(v)}"
+        )
+    for item in v:
+        if not isinstance(item, str) or len(item) > MAX_TEXT_CHARS or not valid(item):
+            raise SkillError(f"skill {d['name']!r}: each of {key} must be {what}, got {_brief(item)}")
+    return tuple(v)
+
+
+def _is_import(text: str) -> bool:
+    """One ``import``/``from ... import`` statement and nothing else (imports run before each task)."""
+    try:
+        body = ast.parse(text).body
+    except (SyntaxError, ValueError, RecursionError):
+        return False
+    return len(body) == 1 and isinstance(body[0], ast.Import | ast.ImportFrom)
+
+
+def _int_field(d: Mapping[str, Any], key: str, default: int, low: int = 0, where: str = "") -> int:
     v = d.get(key, default)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise SkillError(f"skill {d.get('name')!r}: {key} must be a non-negative integer, got {v!r}")
+    if not isinstance(v, int) or isinstance(v, bool) or not low <= v < MAX_COUNT:
+        raise SkillError(
+            f"skill {d.get('name')!r}: {where or key} must be a {'non-negative' if low == 0 else 'positive'} "
+            f"integer below 2**62, got {_brief(v)}"
+        )
     return v
+
+
+def _brief(v: Any) -> str:
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 64:
+        return f"an integer of {v.bit_length()} bits"
+    text = (
+        repr(v)
+        if not isinstance(v, (list, dict, str)) or len(v) < 100
+        else f"a {type(v).__name__} of length {len(v)}"
+    )
+    return text[:100]

@@ -13,15 +13,18 @@
 from __future__ import annotations
 
 import contextlib
-import json
+import logging
 import sqlite3
+import urllib.parse
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from sage_rl.skills.library import AddResult, AddStatus, Library
-from sage_rl.skills.record import Skill, SkillError, Tier
+from sage_rl.skills.record import Skill, SkillError, Tier, check_field
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 
@@ -68,11 +71,18 @@ class SkillStore:
     """A SQLite skill store. One instance per thread; open as many readers as you like."""
 
     def __init__(self, path: str | Path, *, readonly: bool = False, timeout_s: float = 30.0) -> None:
+        """Open (and, unless ``readonly``, create) a store. Refuses, with ``StoreError`` and before
+        writing anything to it, a file that is not a sage-rl store of this schema (another SQLite
+        database, another schema version, not SQLite at all) and a file with corrupt pages."""
         self.path = Path(path)
+        self.skipped: list[str] = []  # corrupt stored records left out of the last listing
         if readonly and not self.path.is_file():
             raise StoreError(f"skill store not found: {self.path}")
-        uri = f"file:{self.path}?mode=ro" if readonly else f"file:{self.path}"
+        fresh = not self.path.exists() or self.path.stat().st_size == 0
         try:
+            if not fresh:
+                _inspect(self.path, timeout_s)  # read-only: a foreign file is refused untouched
+            uri = _uri(self.path) + ("?mode=ro" if readonly else "")
             self._db = sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None)
             self._db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
             if not readonly:
@@ -86,7 +96,9 @@ class SkillStore:
                     )
             self._check_schema()
         except sqlite3.DatabaseError as e:
-            raise StoreError(f"{self.path} is not a usable skill store: {e}") from None
+            raise StoreError(
+                f"{self.path} is not a usable skill store (corrupt, or not SQLite): {e}"
+            ) from None
 
     def close(self) -> None:
         self._db.close()
@@ -158,10 +170,13 @@ class SkillStore:
             raise StoreError(f"cannot write to {self.path}: {e}") from None
         try:
             yield
-        except BaseException:
-            self._db.execute("ROLLBACK")
+            self._db.execute("COMMIT")
+        except BaseException as e:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+            if isinstance(e, sqlite3.DatabaseError):
+                raise StoreError(f"cannot write to {self.path}: {e}") from None
             raise
-        self._db.execute("COMMIT")
 
     # -- reading ---------------------------------------------------------------------------
     def get(self, name: str, version: int | None = None) -> Skill | None:
@@ -170,34 +185,40 @@ class SkillStore:
             sql, args = f"SELECT {_COLUMNS} FROM skills WHERE name = ? AND current = 1", (name,)
         else:
             sql, args = f"SELECT {_COLUMNS} FROM skills WHERE name = ? AND version = ?", (name, version)
-        row = self._db.execute(sql, args).fetchone()
-        return _skill(row) if row else None
+        rows = self._query(sql, args)
+        return _skill(rows[0]) if rows else None
 
     def history(self, name: str) -> list[Skill]:
         """Every stored version of ``name``, oldest first."""
-        rows = self._db.execute(f"SELECT {_COLUMNS} FROM skills WHERE name = ? ORDER BY version", (name,))
+        rows = self._query(f"SELECT {_COLUMNS} FROM skills WHERE name = ? ORDER BY version", (name,))
         return [_skill(r) for r in rows]
 
     def current(self) -> list[Skill]:
-        """The current version of every skill, by name."""
-        return [
-            _skill(r)
-            for r in self._db.execute(f"SELECT {_COLUMNS} FROM skills WHERE current = 1 ORDER BY name")
-        ]
+        """The current version of every skill, by name. A corrupt stored record is left out, logged
+        and listed in ``skipped``: one poisoned row must not break search or loading."""
+        self.skipped = []
+        out = []
+        for row in self._query(f"SELECT {_COLUMNS} FROM skills WHERE current = 1 ORDER BY name"):
+            try:
+                out.append(_skill(row))
+            except StoreError as e:
+                self.skipped.append(str(e))
+                log.warning("%s (skipped)", e)
+        return out
 
     def latest(self) -> list[Skill]:
         """Same as ``current``."""
         return self.current()
 
     def all_versions(self) -> list[Skill]:
-        rows = self._db.execute(f"SELECT {_COLUMNS} FROM skills ORDER BY name, version")
+        rows = self._query(f"SELECT {_COLUMNS} FROM skills ORDER BY name, version")
         return [_skill(r) for r in rows]
 
     def names(self) -> list[str]:
-        return [r[0] for r in self._db.execute("SELECT name FROM skills WHERE current = 1 ORDER BY name")]
+        return [r[0] for r in self._query("SELECT name FROM skills WHERE current = 1 ORDER BY name")]
 
     def __len__(self) -> int:
-        return self._db.execute("SELECT count(*) FROM skills WHERE current = 1").fetchone()[0]
+        return self._query("SELECT count(*) FROM skills WHERE current = 1")[0][0]
 
     def load_library(self, min_tier: Tier = Tier.PARSED) -> Library:
         """The current skills at ``min_tier`` or above as a new in-memory library (oldest first)."""
@@ -205,19 +226,28 @@ class SkillStore:
         return Library(s for s in skills if s.tier >= min_tier)
 
     def stats(self) -> StoreStats:
-        q = self._db.execute
-        tiers = dict(q("SELECT tier, count(*) FROM skills WHERE current = 1 GROUP BY tier").fetchall())
+        q = self._query
+        tiers = dict(q("SELECT tier, count(*) FROM skills WHERE current = 1 GROUP BY tier"))
         uses, successes = q(
             "SELECT coalesce(sum(uses), 0), coalesce(sum(successes), 0) FROM skills WHERE current = 1"
-        ).fetchone()
+        )[0]
         return StoreStats(
             skills=len(self),
-            versions=q("SELECT count(*) FROM skills").fetchone()[0],
+            versions=q("SELECT count(*) FROM skills")[0][0],
             by_tier={t.label: tiers.get(int(t), 0) for t in Tier},
-            scenarios=q("SELECT count(DISTINCT scenario_id) FROM skills WHERE current = 1").fetchone()[0],
+            scenarios=q("SELECT count(DISTINCT scenario_id) FROM skills WHERE current = 1")[0][0],
             uses=uses,
             successes=successes,
         )
+
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """All rows of a read; a damaged file is a ``StoreError`` naming it, not a raw DatabaseError."""
+        try:
+            return self._db.execute(sql, args).fetchall()
+        except sqlite3.DatabaseError as e:
+            raise StoreError(
+                f"{self.path} cannot be read ({e}); run `PRAGMA integrity_check` on it"
+            ) from None
 
     def integrity_ok(self) -> bool:
         return self._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -234,9 +264,45 @@ class SkillStore:
 
 
 def _skill(row: tuple[Any, ...]) -> Skill:
+    """The stored record, with the columns that change in place (version, tier, counters) checked
+    like the record's own fields. Raises ``StoreError`` naming the record."""
     name, version, _current, _hash, tier, uses, successes, record = row
     try:
-        s = Skill.from_dict(json.loads(record))
-    except (SkillError, json.JSONDecodeError) as e:
+        s = Skill.from_json(record if isinstance(record, str) else "")
+        return replace(
+            s,
+            version=check_field(s.name, "version", version),
+            tier=Tier.parse(tier),
+            uses=check_field(s.name, "uses", uses),
+            successes=check_field(s.name, "successes", successes),
+        )
+    except SkillError as e:
         raise StoreError(f"stored record {name!r} v{version} is corrupt: {e}") from None
-    return replace(s, version=version, tier=Tier(tier), uses=uses, successes=successes)
+
+
+def _uri(path: Path) -> str:
+    return "file:" + urllib.parse.quote(str(path.absolute()))
+
+
+def _inspect(path: Path, timeout_s: float) -> None:
+    """Refuse an existing file that is not an intact sage-rl store of this schema, opening it read
+    only (so nothing is written to a file that is refused: no tables, no WAL switch)."""
+    db = sqlite3.connect(_uri(path) + "?mode=ro", uri=True, timeout=timeout_s)
+    try:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables:
+            return  # an empty SQLite database: it becomes a store
+        row = (
+            db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() if "meta" in tables else None
+        )
+        if row is None or row[0] != str(SCHEMA_VERSION) or "skills" not in tables:
+            found = f"schema {row[0]}" if row else f"tables {sorted(tables)[:8]}"
+            raise StoreError(
+                f"{path} is not a sage-rl skill store of schema {SCHEMA_VERSION} (it holds {found}); "
+                "it was left untouched"
+            )
+        problems = [r[0] for r in db.execute("PRAGMA quick_check(5)")]
+        if problems != ["ok"]:
+            raise StoreError(f"{path} is corrupt (SQLite quick_check: {'; '.join(problems)[:300]})")
+    finally:
+        db.close()

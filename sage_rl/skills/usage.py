@@ -9,6 +9,10 @@ shared corpus in ``tests/skill_corpus.py``:
   redefined has a ``<cell-N>`` origin instead, so redefinition needs no special rule;
 - ``used_skills_static``: for environments without call records (AppWorld), a replay of the cells
   over a model of the namespace (``static.CallSimulator``; its rules are in that module).
+
+``used_skills`` is what the rollout credits: with records, both detectors must agree (records can
+be forged inside the worker; the cells cannot), so a skill is credited only when it ran and the
+task's own code calls it by name.
 """
 
 from __future__ import annotations
@@ -44,11 +48,16 @@ def used_skills_static(cells: Sequence[str], library: Library) -> set[str]:
 
 
 def used_skills(cells: Sequence[tuple[str, ExecResult]], library: Library) -> set[str]:
-    """Call records when every cell has them, else static detection."""
+    """Library skills (canonical names) a task used.
+
+    With call records (every cell has them): a skill counts only when the records say its library
+    definition ran AND the task's own code calls it (``used_skills_static``). Both must agree: the
+    records are counted inside the worker, which agent code controls and can forge
+    (docs/sandbox.md), while the cells are text the parent holds. Without records: static detection.
+    """
+    static = used_skills_static([code for code, _ in cells], library)
     results = [r for _, r in cells]
-    if all(r.calls is not None for r in results):
-        return {
-            library.resolve(n)
-            for n in used_skills_from_calls(results, set(library.names()) | set(library.aliases()))
-        }
-    return used_skills_static([code for code, _ in cells], library)
+    if not all(r.calls is not None for r in results):
+        return static
+    names = set(library.names()) | set(library.aliases())
+    return {library.resolve(n) for n in used_skills_from_calls(results, names)} & static

@@ -5,14 +5,19 @@ Layout of ``<run_dir>/checkpoints/step_000012/``::
     model/        Hugging Face folder (config, model.safetensors, tokenizer): ``from_pretrained``,
                   ``sage-rl eval`` and vLLM load it. With LoRA this holds the MERGED weights.
     adapter/      LoRA only: the peft adapter (``PeftModel.from_pretrained``); resuming loads it.
-    optimizer.pt  AdamW state.
-    rng.pt        python, numpy and torch (CPU and CUDA) RNG states.
+    optimizer.pt  AdamW state (tensors and plain values only).
+    rng.pt        python, numpy and torch (CPU and CUDA) RNG states (tensors and plain values only).
     state.json    {"step": 12, "metrics_offset": <bytes of metrics.jsonl at that step>, ...}
 
 A checkpoint is written into a temporary folder and renamed into place, then ``latest`` (a text
 file naming it) is replaced atomically, so a run killed at any moment (``kill -9``) leaves the
 last complete checkpoint findable. Resuming restores weights, optimizer, RNG and step, and cuts
 the metrics file back to the recorded offset.
+
+Loading never runs code from the files: JSON, safetensors and ``torch.load(weights_only=True)``
+only (a crafted pickle in ``rng.pt`` is refused, not executed). Resuming never starts over
+silently and never cuts the metrics file unless a valid checkpoint was loaded: a run folder with
+metrics but no usable checkpoint, and every corrupt file, is a ``CheckpointError`` naming the file.
 
     logger, start = open_run(trainer, run_dir, resume=True)   # start = steps already done
     for step in range(start + 1, total + 1):
@@ -27,6 +32,7 @@ import copy
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -40,6 +46,12 @@ from sage_rl.train.logging import MetricsLogger
 from sage_rl.train.trainer import Trainer
 
 LATEST = "latest"
+METRICS = "metrics.jsonl"
+_STEP_DIR = re.compile(r"^step_\d{6}$")
+
+
+class CheckpointError(ValueError):
+    """A run folder cannot be resumed. The message names the file and what is wrong with it."""
 
 
 @dataclass(frozen=True)
@@ -82,23 +94,45 @@ def save_checkpoint(
 
 
 def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
-    """The newest complete checkpoint of ``run_dir``, or None."""
+    """The newest complete checkpoint of ``run_dir``, or None when the run has none yet.
+
+    Raises ``CheckpointError`` when the ``latest`` pointer is unreadable or names no complete
+    checkpoint (never a silent None: resuming would start over)."""
     pointer = checkpoints_dir(run_dir) / LATEST
     if not pointer.is_file():
         return None
-    ckpt = pointer.parent / pointer.read_text().strip()
-    return ckpt if (ckpt / "state.json").is_file() else None
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{pointer} cannot be read: {e}") from None
+    if not _STEP_DIR.match(name):
+        raise CheckpointError(f"{pointer} should name a checkpoint folder (step_NNNNNN), not {name[:80]!r}")
+    ckpt = pointer.parent / name
+    if not (ckpt / "state.json").is_file():
+        raise CheckpointError(f"{pointer} names {ckpt}, which is not a complete checkpoint (no state.json)")
+    return ckpt
 
 
 def load_checkpoint(trainer: Trainer, ckpt: str | os.PathLike[str]) -> CheckpointState:
-    """Restore weights, optimizer, RNG states and step into ``trainer``, exactly."""
+    """Restore weights, optimizer, RNG states and step into ``trainer``, exactly.
+
+    Every file is read and checked before the trainer is touched where that is possible (state,
+    optimizer, RNG); any corrupt or crafted file raises ``CheckpointError`` naming it."""
     ckpt = Path(ckpt)
-    state = json.loads((ckpt / "state.json").read_text())
+    state = _read_state(ckpt / "state.json")
+    optimizer = _torch_load(ckpt / "optimizer.pt", trainer.device)
+    rng = _torch_load(ckpt / "rng.pt", "cpu")
     _load_model(trainer, ckpt)
-    trainer.optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location=trainer.device))
-    _set_rng_states(torch.load(ckpt / "rng.pt", weights_only=False))
-    trainer.global_step = int(state["step"])
-    return CheckpointState(step=trainer.global_step, metrics_offset=int(state["metrics_offset"]))
+    try:
+        trainer.optimizer.load_state_dict(optimizer)
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise CheckpointError(f"{ckpt / 'optimizer.pt'} does not fit this model's optimizer: {e}") from None
+    try:
+        _set_rng_states(rng)
+    except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
+        raise CheckpointError(f"{ckpt / 'rng.pt'} does not hold valid RNG states: {e}") from None
+    trainer.global_step = state.step
+    return state
 
 
 def open_run(
@@ -109,18 +143,31 @@ def open_run(
     wandb_project: str | None = None,
     trackio_project: str | None = None,
 ) -> tuple[MetricsLogger, int]:
-    """Open the run's metrics logger, resuming from the latest checkpoint if asked and present.
+    """Open the run's metrics logger, resuming from the latest checkpoint if asked.
 
     Returns the logger and the number of steps already done. A fresh start refuses a run folder
-    that already has metrics (so a forgotten ``--resume`` does not mix two runs)."""
-    ckpt = latest_checkpoint(run_dir) if resume else None
-    offset, purge, start = 0, None, 0
-    if ckpt is None:
-        if not resume and (Path(run_dir) / "metrics.jsonl").exists():
+    that already has metrics (so a forgotten ``--resume`` does not mix two runs). Resuming a folder
+    that has no metrics yet starts at step 0; one that has metrics but no usable checkpoint is a
+    ``CheckpointError`` (nothing is cut or overwritten)."""
+    metrics = Path(run_dir) / METRICS
+    has_rows = metrics.is_file() and metrics.stat().st_size > 0
+    offset, purge, start = None, None, 0
+    if not resume:
+        if metrics.exists():
             raise FileExistsError(f"{run_dir} already holds a run: resume it or choose another folder")
     else:
-        st = load_checkpoint(trainer, ckpt)
-        offset, purge, start = st.metrics_offset, st.step + 1, st.step
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is None and has_rows:
+            raise CheckpointError(_no_checkpoint(Path(run_dir)))
+        if ckpt is not None:
+            size = metrics.stat().st_size if metrics.is_file() else 0
+            st = load_checkpoint(trainer, ckpt)
+            if st.metrics_offset > size:
+                raise CheckpointError(
+                    f"{metrics} has {size} bytes but {ckpt.name} was saved when it had {st.metrics_offset}: "
+                    "the metrics file was cut or replaced"
+                )
+            offset, purge, start = st.metrics_offset, st.step + 1, st.step
     logger = MetricsLogger(
         run_dir,
         resume_offset=offset,
@@ -131,6 +178,40 @@ def open_run(
         run_name=Path(run_dir).name,
     )
     return logger, start
+
+
+def _no_checkpoint(run_dir: Path) -> str:
+    pointer = checkpoints_dir(run_dir) / LATEST
+    newest = sorted(p.name for p in checkpoints_dir(run_dir).glob("step_*") if (p / "state.json").is_file())
+    hint = (
+        f"; the newest complete checkpoint folder is {newest[-1]}: write its name into {pointer} to resume from it"
+        if newest
+        else f"; start a new run with another out_dir, or remove {run_dir} to start this one afresh"
+    )
+    return f"{run_dir / METRICS} holds metrics but {pointer} does not exist: there is no checkpoint to resume{hint}"
+
+
+def _read_state(path: Path) -> CheckpointState:
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{path} is not readable JSON: {e}") from None
+    fields = [state.get(k) if isinstance(state, dict) else None for k in ("step", "metrics_offset")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62 for v in fields):
+        raise CheckpointError(f"{path} must hold non-negative integers 'step' and 'metrics_offset'")
+    return CheckpointState(step=fields[0], metrics_offset=fields[1])
+
+
+def _torch_load(path: Path, device: Any) -> Any:
+    """``torch.load`` that never unpickles code (``weights_only=True``); errors name the file."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing") from None
+    except Exception as e:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError, EOFError, ...
+        raise CheckpointError(
+            f"{path} is corrupt or not a checkpoint file ({type(e).__name__}: {e})"
+        ) from None
 
 
 def _is_peft(model: Any) -> bool:
@@ -164,23 +245,35 @@ def save_model(
 
 
 def _load_model(trainer: Trainer, ckpt: Path) -> None:
+    from safetensors import SafetensorError
     from safetensors.torch import load_file, load_model
 
     if _is_peft(trainer.model):
         from peft import set_peft_model_state_dict
 
-        weights = load_file(str(ckpt / "adapter" / "adapter_model.safetensors"), device=str(trainer.device))
-        result = set_peft_model_state_dict(trainer.model, weights)
+        path = ckpt / "adapter" / "adapter_model.safetensors"
+        try:
+            weights = load_file(str(path), device=str(trainer.device))
+            result = set_peft_model_state_dict(trainer.model, weights)
+        except (OSError, SafetensorError, RuntimeError, ValueError) as e:
+            raise CheckpointError(f"{path} is corrupt or does not fit this model: {e}") from None
         if result.unexpected_keys:
-            raise ValueError(f"{ckpt}: adapter has keys the model lacks: {result.unexpected_keys[:5]}")
+            raise CheckpointError(f"{path}: adapter has keys the model lacks: {result.unexpected_keys[:5]}")
         return
-    load_model(trainer.model, str(ckpt / "model" / "model.safetensors"), device=str(trainer.device))
+    path = ckpt / "model" / "model.safetensors"
+    try:
+        load_model(trainer.model, str(path), device=str(trainer.device))
+    except (OSError, SafetensorError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"{path} is corrupt or does not fit this model: {e}") from None
 
 
 def _rng_states() -> dict[str, Any]:
+    """Plain values and tensors only, so that loading needs no unpickling of objects."""
+    version, mt, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
     states: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "python": [version, list(mt), gauss],
+        "numpy": [str(kind), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -189,8 +282,10 @@ def _rng_states() -> dict[str, Any]:
 
 
 def _set_rng_states(states: dict[str, Any]) -> None:
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    version, mt, gauss = states["python"]
+    random.setstate((version, tuple(mt), gauss))
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])

@@ -13,11 +13,14 @@ failing call leaves the world as it was.
 from __future__ import annotations
 
 import inspect
+import math
 import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
+
+from sage_rl.envs.pocketworld.bounds import brief
 
 
 class ApiError(Exception):
@@ -152,7 +155,12 @@ def _check_type(value: Any, kind: Any) -> Any:
             raise TypeError
         return [_check_type(v, typing.get_args(kind)[0]) for v in value]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            raise TypeError from None
+    if kind is float and isinstance(value, float) and not math.isfinite(value):
+        raise TypeError  # NaN and infinity would pass every >=/<= bound and poison balances
     if isinstance(value, bool) and kind is not bool:
         raise TypeError
     if not isinstance(value, kind):
@@ -160,18 +168,25 @@ def _check_type(value: Any, kind: Any) -> Any:
     return value
 
 
+def _type_message(api: Api, p: Param, value: Any) -> str:
+    where = f"{api.app}.{api.name}: parameter {p.name!r}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where} must be a finite number, got {value!r} (NaN and infinity are refused)"
+    return f"{where} must be {p.type_name}, got {type(value).__name__} {brief(value)}"
+
+
 def _check_constraints(api: Api, p: Param, value: Any) -> None:
     m, where = p.meta, f"{api.app}.{api.name}: parameter {p.name!r}"
     if value is None:
         return
     if m.ge is not None and value < m.ge:
-        raise ApiError(422, f"{where} must be >= {m.ge:g}, got {value!r}")
+        raise ApiError(422, f"{where} must be >= {m.ge:g}, got {brief(value)}")
     if m.le is not None and value > m.le:
-        raise ApiError(422, f"{where} must be <= {m.le:g}, got {value!r}")
+        raise ApiError(422, f"{where} must be <= {m.le:g}, got {brief(value)}")
     if m.choices is not None and value not in m.choices:
-        raise ApiError(422, f"{where} must be one of {list(m.choices)}, got {value!r}")
+        raise ApiError(422, f"{where} must be one of {list(m.choices)}, got {brief(value)}")
     if m.min_len is not None and len(value) < m.min_len:
-        raise ApiError(422, f"{where} must have length >= {m.min_len}, got {value!r}")
+        raise ApiError(422, f"{where} must have length >= {m.min_len}, got {brief(value)}")
     if m.max_len is not None and len(value) > m.max_len:
         raise ApiError(422, f"{where} must have length <= {m.max_len}, got length {len(value)}")
 
@@ -185,7 +200,8 @@ def validate(api: Api, kwargs: dict[str, Any]) -> dict[str, Any]:
     for name in kwargs:
         if name not in known:
             raise ApiError(
-                422, f"{api.app}.{api.name} has no parameter {name!r}; its parameters are {sorted(known)}"
+                422,
+                f"{api.app}.{api.name} has no parameter {brief(name)}; its parameters are {sorted(known)}",
             )
     out: dict[str, Any] = {}
     for p in api.params:
@@ -199,11 +215,7 @@ def validate(api: Api, kwargs: dict[str, Any]) -> dict[str, Any]:
         try:
             value = _check_type(kwargs[p.name], p.kind)
         except TypeError:
-            got = type(kwargs[p.name]).__name__
-            raise ApiError(
-                422,
-                f"{api.app}.{api.name}: parameter {p.name!r} must be {p.type_name}, got {got} {kwargs[p.name]!r}",
-            ) from None
+            raise ApiError(422, _type_message(api, p, kwargs[p.name])) from None
         _check_constraints(api, p, value)
         out[p.name] = value
     return out

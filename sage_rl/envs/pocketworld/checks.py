@@ -7,11 +7,13 @@ parameters - independently of the reference solution, which only ever uses the p
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sage_rl.envs.pocketworld.bounds import MAX_DEPTH, brief
 from sage_rl.envs.pocketworld.world import Db
 from sage_rl.types import CheckResult, Outcome
 
@@ -87,19 +89,31 @@ def diff(before: Db, after: Db) -> list[Change]:
 _NUM = re.compile(r"^\$?\s*(-?\d+(?:\.\d+)?)\s*(?:\$|dollars?|usd)?$")
 
 
-def normalize(value: Any) -> Any:
+#: What a value nested deeper than the API allows normalises to: equal to no expected answer.
+TOO_DEEP = "<nested too deep>"
+
+
+def normalize(value: Any, _depth: int = 0) -> Any:
     """Canonical form of an answer: numbers as rounded floats (also "$12.50"), strings lower-cased
-    with collapsed whitespace, lists element-wise."""
+    with collapsed whitespace, lists element-wise. Total: any value gives a result (an integer too
+    large for a float becomes +-inf, NaN stays NaN; both equal no expected answer), never an error."""
     if isinstance(value, bool):
         return str(value).lower()
-    if isinstance(value, (int, float)):
-        return round(float(value), 2)
+    if isinstance(value, int):
+        try:
+            return round(float(value), 2)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
+    if isinstance(value, float):
+        return round(value, 2)  # NaN and inf round to themselves
     if isinstance(value, str):
         s = " ".join(value.lower().split()).strip(" .")
         m = _NUM.match(s.replace(",", ""))
         return round(float(m.group(1)), 2) if m else s
     if isinstance(value, (list, tuple)):
-        return [normalize(v) for v in value]
+        if _depth >= MAX_DEPTH:
+            return TOO_DEEP
+        return [normalize(v, _depth + 1) for v in value]
     return value
 
 
@@ -126,13 +140,15 @@ def evaluate(expect: Expect, initial: Db, final: Db, answer: Any) -> Outcome:
     for r in expect.requires:
         try:
             ok = bool(r.holds(final))
-        except (KeyError, IndexError, TypeError, ValueError, StopIteration):
+        except (KeyError, IndexError, TypeError, ValueError, StopIteration, ArithmeticError, RecursionError):
             ok = False  # the agent broke the structure the requirement reads
         checks.append(CheckResult(r.name, ok))
     if expect.answer is not NO_ANSWER:
         ok = answers_match(answer, expect.answer, expect.ordered)
         checks.append(
-            CheckResult("answer is correct", ok, "" if ok else f"expected {expect.answer!r}, got {answer!r}")
+            CheckResult(
+                "answer is correct", ok, "" if ok else f"expected {expect.answer!r}, got {brief(answer)}"
+            )
         )
     bad = [c for c in diff(initial, final) if not any(a.permits(c) for a in expect.allow)]
     detail = "; ".join(str(c) for c in bad[:5]) + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else "")

@@ -8,6 +8,7 @@ Task ids:
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import re
 from typing import Any
@@ -17,7 +18,9 @@ from sage_rl.envs.pocketworld.generator import build_world
 from sage_rl.envs.pocketworld.scenarios import BY_NAME, templates
 from sage_rl.envs.pocketworld.scenarios.base import SPLITS, TASKS_PER_SCENARIO, Template, make_task
 from sage_rl.envs.pocketworld.world import Db, World
-from sage_rl.types import Outcome, Task
+from sage_rl.types import CheckResult, Outcome, Task
+
+log = logging.getLogger(__name__)
 
 _TRAIN_ID = re.compile(r"^(?P<template>[a-z0-9_]+)-s(?P<seed>\d+)_(?P<n>\d+)$")
 _EVAL_ID = re.compile(r"^(?P<template>[a-z0-9_]+)_(?P<n>\d+)$")
@@ -76,9 +79,18 @@ def world_for(task: Task) -> World:
 
 
 def evaluate_task(task: Task, initial: Db, world: World) -> Outcome:
-    """Score ``world`` (after the agent ran) against ``task``'s oracle computed on ``initial``."""
+    """Score ``world`` (after the agent ran) against ``task``'s oracle computed on ``initial``.
+
+    Never raises for anything agent code did: the oracle reads only the initial state, and a final
+    state or answer that the checks cannot digest is a failing check that says why (it is also
+    logged with its traceback, in case the cause is a bug of the checks rather than the agent)."""
     expect = template_of(task).expect(initial, task.spec["params"])
-    return evaluate(expect, initial, world.db, world.answer)
+    try:
+        return evaluate(expect, initial, world.db, world.answer)
+    except Exception as e:  # noqa: BLE001 - whatever the agent left behind is scored, not raised
+        log.warning("task %s: evaluation failed on the final state", task.task_id, exc_info=True)
+        detail = f"the final state or answer could not be evaluated: {type(e).__name__}: {str(e)[:200]}"
+        return Outcome.from_checks((CheckResult("evaluation", False, detail),))
 
 
 def reference_solution(task: Task) -> str:

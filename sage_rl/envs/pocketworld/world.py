@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sage_rl.envs.pocketworld import bounds
 from sage_rl.envs.pocketworld.api import ApiError, App, plain, validate
 
 Db = dict[str, dict[str, dict[Any, dict[str, Any]]]]
@@ -48,20 +49,43 @@ class World:
         }  # fmt: skip
         self.completed = False
         self.answer: Any = None
+        self.input_chars = 0  # characters of API arguments received this episode (bounds.py)
 
     # ---------------------------------------------------------------- dispatch
 
     def call(self, app: str, api: str, kwargs: Mapping[str, Any]) -> Any:
         """Run ``apps[app].apis[api]`` with ``kwargs``; return a JSON-able copy of its result.
 
-        Raises ApiError: 404 for an unknown app or API, 422 for bad arguments, and whatever the
-        API raises. Arguments are validated before the API runs, so a bad call changes nothing.
+        Raises ApiError: 404 for an unknown app or API, 413/422 for arguments past the caps of
+        ``bounds`` (checked first, in linear time: nothing agent code sends can hold the trainer
+        long), 422 for bad arguments, and whatever the API raises. Arguments are validated before
+        the API runs, so a bad call changes nothing.
         """
+        try:
+            spec, fn = self._lookup(app, api)
+            if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+                raise ApiError(422, f"{app}.{api}: arguments must be passed as keywords")
+            size = bounds.measure(f"{app}.{api}", dict(kwargs))
+        except bounds.InputError as e:
+            raise ApiError(e.status, str(e)) from None
+        if self.input_chars + size > bounds.MAX_EPISODE_CHARS:
+            raise ApiError(
+                413,
+                f"{app}.{api}: this episode has sent {self.input_chars} characters of arguments to the "
+                f"apps; the limit is {bounds.MAX_EPISODE_CHARS}, so the world accepts no more data",
+            )
+        self.input_chars += size
+        args = validate(fn, dict(kwargs))
+        return plain(fn.fn(self, **args))
+
+    def _lookup(self, app: str, api: str) -> tuple[App, Any]:
+        bounds.check_name("app", app)
         spec = self.apps.get(app)
         if spec is None:
             raise ApiError(
                 404, f"unknown app {app!r}{_suggest(app, self.apps)}; apps are {sorted(self.apps)}"
             )
+        bounds.check_name("API", api)
         fn = spec.apis.get(api)
         if fn is None:
             hint = _suggest(api, spec.apis)
@@ -70,10 +94,7 @@ class World:
                 f"app {app!r} has no API {api!r}{hint}; list them with "
                 f"apis.api_docs.show_api_descriptions(app_name={app!r})",
             )
-        if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
-            raise ApiError(422, f"{app}.{api}: arguments must be passed as keywords")
-        args = validate(fn, dict(kwargs))
-        return plain(fn.fn(self, **args))
+        return spec, fn
 
     # ---------------------------------------------------------------- helpers for APIs
 

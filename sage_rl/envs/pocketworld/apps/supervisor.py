@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+from sage_rl.envs.pocketworld import bounds
 from sage_rl.envs.pocketworld.api import ApiError, App, P, plain
 
 APP = App("supervisor", "The supervisor (the user you act for): profile, passwords, cards, addresses.")
@@ -65,11 +66,16 @@ def complete_task(
 
     Returns: {"message": "task completed"}.
     """
+    where = "supervisor.complete_task: parameter 'answer'"
+    try:
+        size = bounds.json_size(where, answer, bounds.MAX_ANSWER_CHARS)
+    except bounds.InputError as e:
+        raise ApiError(e.status, str(e)) from None
+    if size > bounds.MAX_ANSWER_CHARS:
+        raise ApiError(422, f"{where} is too large (more than {bounds.MAX_ANSWER_CHARS} characters of JSON)")
     try:
         w.answer = plain(answer)  # a copy made of JSON values only
     except TypeError:
-        raise ApiError(
-            422, f"supervisor.complete_task: parameter 'answer' must be JSON-able, got {answer!r}"
-        ) from None
+        raise ApiError(422, f"{where} must be JSON-able, got {bounds.brief(answer)}") from None
     w.completed = True
     return {"message": "task completed"}
