@@ -21,7 +21,7 @@ from sage_rl.envs.pocketworld import bounds, tasks
 from sage_rl.envs.pocketworld.checks import TOO_DEEP, answers_match, normalize
 from sage_rl.envs.pocketworld.scenarios import BY_NAME
 from sage_rl.policies.base import Completion
-from sage_rl.rollout.rewards import ChainOutcomes, RewardKind, rewards
+from sage_rl.rollout.rewards import ChainOutcomes, RewardKind, compute_rewards
 from sage_rl.sandbox import Sandbox
 from sage_rl.skills import Library, extract_skills, used_skills
 from sage_rl.types import CallRecord, ExecResult, cell_origin
@@ -66,9 +66,9 @@ FORGERIES = {
 
 
 class Script:
-    """Writes ``cells[0]`` for a task without a library and ``cells[1]`` for one with it."""
+    """Writes ``cells[0]`` for the chain's first task and ``cells[1]`` for its second."""
 
-    tokenizer = None
+    renderer = None
     name = "script"
 
     def __init__(self, first: str, second: str) -> None:
@@ -78,18 +78,24 @@ class Script:
         )
 
     async def generate(self, request):
-        return Completion(f"```python\n{self.cells[1 if request.library else 0]}\n```", completion_tokens=5)
+        later = request.task_id == TASKS[1].task_id
+        return Completion(f"```python\n{self.cells[1 if later else 0]}\n```", completion_tokens=5)
 
 
 def _chain(second: str):
-    from sage_rl.build import RunConfig, build_runner, build_suite
+    from sage_rl.build import build_runner, open_suite
+    from sage_rl.settings import RunConfig
 
     cfg = RunConfig(
         agent={"max_steps": 1, "max_tokens_per_turn": 64, "context_limit": 4096}, worked_example=False
     )
-    runner = build_runner(cfg, Script(DEFINE, second), build_suite(cfg))
-    chain = asyncio.run(runner.run(TASKS, Library()))
-    return chain, rewards(RewardKind.SKILL_INTEGRATED, ChainOutcomes.from_chain(chain), None)
+
+    async def run():
+        async with open_suite(cfg) as suite:
+            return await build_runner(cfg, Script(DEFINE, second), suite).run(TASKS, Library())
+
+    chain = asyncio.run(run())
+    return chain, compute_rewards(RewardKind.SKILL_INTEGRATED, ChainOutcomes.from_chain(chain), None)
 
 
 def test_honest_skill_use_is_credited():

@@ -2,7 +2,7 @@
 agent writes can end a run. Huge ints, deep nesting, NaN and infinity, huge strings and odd types
 each end their task as a scored failure; the batch, the rewards and the optimizer step go on.
 
-Written against today's API (``rollout_batch``, ``train``); the policies here are scripted, so
+Through the real ``rollout_batch`` and ``train``; the policies here are scripted, so
 the answers are exactly the hostile ones, through the real sandboxed PocketWorld.
 """
 
@@ -16,10 +16,10 @@ import random
 
 import torch
 
-from sage_rl.build import RunConfig, build_runner, build_suite
-from sage_rl.policies.base import Completion, PolicyRequest
+from sage_rl.build import build_runner, open_suite
 from sage_rl.rollout.batch import RolloutConfig, rollout_batch, to_samples
-from sage_rl.types import StopReason
+from sage_rl.settings import RunConfig, TrainConfig
+from sage_rl.types import Completion, PolicyRequest, StopReason
 
 HOSTILE = (
     "10**400",
@@ -43,7 +43,7 @@ def _cell(answer: str) -> str:
 class HostileScript:
     """A text policy that answers every task with the next hostile answer (in turn)."""
 
-    tokenizer = None
+    renderer = None
     name = "hostile-script"
 
     def __init__(self) -> None:
@@ -58,11 +58,13 @@ SMALL = {"agent": {"max_steps": 2, "max_tokens_per_turn": 48, "context_limit": 4
 
 def test_rollout_batch_scores_hostile_answers_as_failures():
     cfg = RunConfig(**SMALL)
-    suite = build_suite(cfg)
     rollout = RolloutConfig(chain_length=2, group_size=3, groups_per_step=2, concurrency=6)
-    groups = asyncio.run(
-        rollout_batch(build_runner(cfg, HostileScript(), suite), suite, random.Random(0), rollout)
-    )
+
+    async def run():
+        async with open_suite(cfg) as suite:
+            return await rollout_batch(build_runner(cfg, HostileScript(), suite), random.Random(0), rollout)
+
+    groups = asyncio.run(run())
     trajs = [t for chains in groups for c in chains for t in c.trajectories]
     assert len(trajs) == 12
     assert all(not t.outcome.success and t.stop is not StopReason.ENV_ERROR for t in trajs)
@@ -83,7 +85,8 @@ class ForcedPolicy:
         from sage_rl.agent.render import ChatRenderer
 
         self.model, self.tokenizer = model, tokenizer
-        self.eot = ChatRenderer(tokenizer).eot_id
+        self.renderer = ChatRenderer(tokenizer)
+        self.eot = self.renderer.eot_id
         self.answers = itertools.cycle(HOSTILE)
 
     async def generate(self, request: PolicyRequest) -> Completion:
@@ -101,7 +104,7 @@ class ForcedPolicy:
 def test_a_short_training_run_with_hostile_answers_completes(tiny, tmp_path):
     from sage_rl.train.checkpoint import open_run
     from sage_rl.train.logging import read_metrics
-    from sage_rl.train.loop import TrainConfig, train
+    from sage_rl.train.loop import train
     from sage_rl.train.trainer import Trainer
 
     torch.set_num_threads(1)
@@ -116,7 +119,13 @@ def test_a_short_training_run_with_hostile_answers_completes(tiny, tmp_path):
     )
     trainer = Trainer(model, tok, cfg.trainer)
     logger, start = open_run(trainer, cfg.out_dir, resume=False, tensorboard=False)
-    result = asyncio.run(train(cfg, trainer, ForcedPolicy(trainer.model, tok), logger, start))
+
+    async def run():
+        async with open_suite(cfg) as suite:
+            runner = build_runner(cfg, ForcedPolicy(trainer.model, tok), suite)
+            return await train(runner, trainer, logger, cfg, cfg.seed, start)
+
+    result = asyncio.run(run())
     logger.close()
     rows = read_metrics(cfg.out_dir)
     assert result.steps_done == 2 and [r["step"] for r in rows] == [1, 2]

@@ -23,6 +23,7 @@ import datetime  # noqa: F401
 import encodings.idna  # noqa: F401 - socket calls encode host names first; keep the guard's message first
 import functools  # noqa: F401
 import gc
+import importlib.machinery
 import itertools  # noqa: F401
 import json
 import math  # noqa: F401
@@ -61,6 +62,17 @@ def _seal_project_imports() -> None:
     for name, module in list(sys.modules.items()):
         if name.split(".")[0] == readable.PACKAGE and hasattr(module, "__path__"):
             module.__path__ = []
+    # An editable install's finder maps the package to its checkout whatever ``__path__`` says.
+    sys.meta_path[:] = [f for f in sys.meta_path if not _finds_project(f)]
+
+
+def _finds_project(finder: object) -> bool:
+    if finder in (importlib.machinery.PathFinder, importlib.machinery.BuiltinImporter):
+        return False
+    try:
+        return finder.find_spec(readable.PACKAGE, None) is not None  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - a finder that cannot answer finds nothing
+        return False
 
 
 def spawn_worker(
