@@ -101,6 +101,14 @@ def view(run: Path, *args: str) -> tuple[Page, Path]:
     return Page(out.read_text()), out
 
 
+def build(run: Path, other: Path | None = None, **kw) -> tuple[Page, str]:
+    """The page built in process (the CLI's own path is tested by ``view``)."""
+    from sage_rl.view import build_html
+
+    html, _ = build_html(run, other, **kw)
+    return Page(html), html
+
+
 def assert_links_resolve(page: Page) -> None:
     missing = sorted({a.target for a in page.links} - set(page.ids))
     assert not missing, f"{len(missing)} links lead nowhere, e.g. {missing[:5]}"
@@ -114,8 +122,13 @@ def eval_run(tmp_path_factory) -> Path:
     return out
 
 
-def test_every_trajectory_is_on_the_page_and_every_link_resolves(eval_run):
-    page, _ = view(eval_run)
+@pytest.fixture(scope="module")
+def eval_page(eval_run) -> Page:
+    return view(eval_run)[0]
+
+
+def test_every_trajectory_is_on_the_page_and_every_link_resolves(eval_run, eval_page):
+    page = eval_page
     recs = records(chains_of(eval_run / "trajectories.same_scenario.jsonl"), "same_scenario")
     assert len(recs) == 9
     assert page.trajs == {tid: t.task.task_id for tid, t in recs.items()}
@@ -124,8 +137,8 @@ def test_every_trajectory_is_on_the_page_and_every_link_resolves(eval_run):
         assert tab in page.ids
 
 
-def test_skill_users_link_to_the_task_that_made_the_skill(eval_run):
-    page, _ = view(eval_run)
+def test_skill_users_link_to_the_task_that_made_the_skill(eval_run, eval_page):
+    page = eval_page
     recs = records(chains_of(eval_run / "trajectories.same_scenario.jsonl"), "same_scenario")
     uses = [a for a in page.links if a.traj and "use" in a.cls.split() and "-def-" in a.target]
     # each use of a library skill (trajectory header and each cell's call records) is a link
@@ -145,7 +158,7 @@ def test_skill_users_link_to_the_task_that_made_the_skill(eval_run):
 
 
 def test_large_runs_are_cut_into_pages_and_links_still_resolve(eval_run):
-    page, _ = view(eval_run, "--page-size", "3")
+    page, _ = build(eval_run, page_size=3)
     assert page.templates == 2 * 2  # 3 scenarios of 3 tasks: 3 pages per tab, 2 of them parked
     assert len(page.trajs) == 9
     assert_links_resolve(page)
@@ -201,16 +214,40 @@ def test_rewards_and_advantages_of_a_training_group_match_hand_worked_numbers(ev
     assert [(t.reward, t.advantage) for t in partial.groups[0].chains[0].trajectories] == [(2.0, None)] * 2
 
 
+def test_start_library_skills_and_hostile_text_are_shown_safely(eval_run, tmp_path):
+    """A skill from a start library (``eval library_store=...``) has no maker in the run: users link
+    to its Skills entry. Agent-written text is escaped, whatever it holds."""
+    from sage_rl.types import dumps
+
+    chain = chains_of(eval_run / "trajectories.same_scenario.jsonl")[0]
+    first, *rest = chain.trajectories
+    hostile = "</pre></template><script>alert(1)</script>"
+    turn = dataclasses.replace(first.turns[0], observation=hostile)
+    first = dataclasses.replace(
+        first, library_in=("stored",), skills_used=("stored",), turns=(turn, *first.turns[1:])
+    )
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text((eval_run / "config.yaml").read_text())
+    (run / "trajectories.same_scenario.jsonl").write_text(
+        dumps(dataclasses.replace(chain, trajectories=(first, *rest)))
+    )
+    page, html = build(run)
+    assert_links_resolve(page)
+    stored = [a for a in page.links if a.target.endswith("-skill-stored")]
+    assert stored and all(a.traj == "a-same_scenario-g0-c0-k0" for a in stored)
+    assert "start library" in html and hostile not in html and html.count("<script>") == 1
+
+
 def test_a_collection_shows_every_task_and_the_kept_conversations(tmp_path):
     out = tmp_path / "collect"
     r = _cli("collect", "num_scenarios=3", "scripted_fail_rate=0.3", f"out_dir={out}")
     assert r.returncode == 0, r.stderr[-3000:]
-    page, html = view(out)
+    page, text = build(out)
     ledger = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()[1:]]
     tasks = [t for job in ledger for t in job["tasks"]]
     assert sorted(page.trajs.values()) == sorted(t["task_id"] for t in tasks)
     assert_links_resolve(page)
-    text = html.read_text()
     assert text.count("kept in the dataset") == sum(t["reason"] is None for t in tasks)
     for reason in {t["reason"] for t in tasks} - {None}:
         assert f"dropped: {reason}" in text
@@ -243,13 +280,12 @@ def train_run(tmp_path_factory, tiny) -> Path:
 
 
 def test_a_training_run_shows_each_step_with_rewards_and_advantages(train_run):
-    page, html = view(train_run)
+    page, text = build(train_run)
     recs = {}
     for step in (1, 2):
         recs |= records(chains_of(train_run / "rollouts" / f"step_{step:06d}.jsonl"), f"s{step}")
     assert page.trajs == {k: t.task.task_id for k, t in recs.items()} and len(recs) == 2 * 2 * 2
     assert_links_resolve(page)
-    text = html.read_text()
     # the random tiny model writes no code: R = -1 (no-code penalty) and A = 0 for every sample
     assert text.count('"badge">R -1.00<') == len(recs) and text.count('"badge">A +0.00<') == len(recs)
     assert "Evaluation on dev, before and after training" in text and "data:image/svg+xml;base64," in text
@@ -275,7 +311,9 @@ def test_bad_input_is_named_in_one_sentence_and_readable_lines_are_still_shown(e
     shutil.which("chromium") is None, reason="needs Debian's chromium (apt-get install chromium)"
 )
 def test_the_page_renders_in_headless_chromium_and_links_open_parked_pages(eval_run, tmp_path):
-    _, html = view(eval_run, "--page-size", "3")
+    _, text = build(eval_run, page_size=3)
+    html = tmp_path / "view.html"
+    html.write_text(text)
     target = "a-same_scenario-g2-c0-k1"  # on the third page: parked in a <template> until needed
     base = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,900"]
     dom = subprocess.run(

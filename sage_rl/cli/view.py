@@ -20,7 +20,9 @@ def main(
         "-o",
         help="HTML file to write (default: RUN_DIR/view.html; with OTHER_RUN: RUN_DIR/compare-OTHER.html)",
     ),
-    page_size: int = typer.Option(60, "--page-size", min=1, help="about this many trajectories per page"),
+    page_size: int = typer.Option(
+        100, "--page-size", min=1, help="at most this many trajectories per page (a group is never split)"
+    ),
     max_chars: int = typer.Option(
         4000, "--max-chars", min=0, help="longest observation or reply shown in full; 0 = no limit"
     ),

@@ -9,18 +9,22 @@ the script shows one (when its button or a link into it is clicked).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import html
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import jinja2
 from markupsafe import Markup
 from pygments import highlight
+from pygments.filter import simplefilter
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer, YamlLexer
+from pygments.styles import get_style_by_name
+from pygments.token import Token
 
 from sage_rl.view.chains import ChainOptions, section_view
 from sage_rl.view.collected import collect_sections
@@ -29,12 +33,37 @@ from sage_rl.view.model import GroupView, SectionView, SkillView, TrajView, Turn
 from sage_rl.view.overview import OverviewView, overview, step_stats
 from sage_rl.view.read import RunData, read_run
 
+STYLE = "friendly"
 _FORMATTER = HtmlFormatter(nowrap=True)
+
+
+@functools.cache
+def _plain(ttype) -> bool:
+    style, known = get_style_by_name(STYLE), ttype
+    while not style.styles_token(known) and known.parent is not None:
+        known = known.parent  # as the formatter does: a token takes its nearest styled ancestor's style
+    s = style.style_for_token(known)
+    return ttype in Token.Text.Whitespace or not any(
+        s[k] for k in ("color", "bgcolor", "bold", "italic", "underline")
+    )
+
+
+@simplefilter
+def _unstyled_as_text(self, lexer, stream, options):
+    """Tokens the style does not colour (names, punctuation, spaces) are written without a span:
+    about half of a page's bytes otherwise."""
+    for ttype, value in stream:
+        yield (Token.Text if _plain(ttype) else ttype), value
+
+
 _PYTHON = PythonLexer(stripnl=False)
+_PYTHON.add_filter(_unstyled_as_text())
+_YAML = YamlLexer()
+_YAML.add_filter(_unstyled_as_text())
 _TEMPLATES = Path(__file__).parent / "templates"
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Page:
     """One page of a run's Chains and Skills tabs: a run of whole groups of one section."""
 
@@ -45,7 +74,7 @@ class Page:
     skills: tuple[tuple[GroupView, tuple[SkillView, ...]], ...]
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class RunPage:
     prefix: str
     label: str
@@ -69,8 +98,8 @@ def run_page(run: RunData, prefix: str, label: str, page_size: int) -> RunPage:
         sections = [section_view(s, prefix, opts, problems) for s in run.sections]
         if run.kind == "train":
             by_step = {f"{prefix}-{s.key}": step_stats(run, s.step) for s in run.sections}
-            sections = [_with_stats(v, by_step.get(v.id, ())) for v in sections]
-    run = _with_problems(run, problems)
+            sections = [dataclasses.replace(v, stats=by_step.get(v.id, ())) for v in sections]
+    run = dataclasses.replace(run, problems=tuple(problems))
     return RunPage(
         prefix,
         label,
@@ -80,16 +109,6 @@ def run_page(run: RunData, prefix: str, label: str, page_size: int) -> RunPage:
         tuple(paginate(sections, page_size, prefix)),
         library_summary(sections),
     )
-
-
-def _with_stats(view: SectionView, stats) -> SectionView:
-    return SectionView(view.id, view.label, view.groups, view.skills, tuple(stats))
-
-
-def _with_problems(run: RunData, problems: list[str]) -> RunData:
-    from dataclasses import replace
-
-    return replace(run, problems=tuple(problems))
 
 
 def paginate(sections: Sequence[SectionView], page_size: int, prefix: str) -> list[Page]:
@@ -161,7 +180,7 @@ def turn_code(turn: TurnView, traj: TrajView) -> Markup:
 
 
 def yaml_html(text: str) -> Markup:
-    return Markup('<pre class="hl">' + highlight(text, YamlLexer(), _FORMATTER) + "</pre>")
+    return Markup('<pre class="hl">' + highlight(text, _YAML, _FORMATTER) + "</pre>")
 
 
 def clip(text: str, limit: int) -> Markup:
@@ -198,7 +217,7 @@ def environment() -> jinja2.Environment:
 
 
 def render(runs: Sequence[RunPage], comparison: CompareView | None, max_chars: int) -> str:
-    css = (_TEMPLATES / "view.css").read_text() + HtmlFormatter(style="friendly").get_style_defs(".hl")
+    css = (_TEMPLATES / "view.css").read_text() + HtmlFormatter(style=STYLE).get_style_defs(".hl")
     return (
         environment()
         .get_template("view.html.j2")
@@ -214,7 +233,7 @@ def render(runs: Sequence[RunPage], comparison: CompareView | None, max_chars: i
 
 
 def build_html(
-    run_dir: str | Path, other: str | Path | None = None, page_size: int = 60, max_chars: int = 4000
+    run_dir: str | Path, other: str | Path | None = None, page_size: int = 100, max_chars: int = 4000
 ) -> tuple[str, list[RunPage]]:
     """The page of ``run_dir`` (and ``other``, side by side, with a Compare tab)."""
     paths = [Path(run_dir)] + ([Path(other)] if other is not None else [])
