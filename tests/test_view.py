@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sage_rl.types import Chain, Outcome
+from sage_rl.types import Chain, Outcome, Turn
 from sage_rl.view.chains import ChainOptions, section_view
 from sage_rl.view.read import ChainSection
 
@@ -222,7 +222,16 @@ def test_start_library_skills_and_hostile_text_are_shown_safely(eval_run, tmp_pa
     chain = chains_of(eval_run / "trajectories.same_scenario.jsonl")[0]
     first, *rest = chain.trajectories
     hostile = "</pre></template><script>alert(1)</script>"
-    turn = dataclasses.replace(first.turns[0], observation=hostile)
+    # built through Turn.from_dict from the plain layout, which it keeps reading
+    turn = Turn.from_dict(
+        {
+            "gen_ids": [],
+            "gen_logprobs": [],
+            "text": hostile,
+            "code": f"print({hostile!r})",
+            "observation": hostile,
+        }
+    )
     first = dataclasses.replace(
         first, library_in=("stored",), skills_used=("stored",), turns=(turn, *first.turns[1:])
     )

@@ -30,7 +30,7 @@ class CompareRow:
     task_id: str
     a: Side | None
     b: Side | None
-    verdict: str  # "a", "b", "same", "only a", "only b"
+    verdict: str  # "a", "b", "same", "only a", "only b" (see ``_rank``)
 
 
 @dataclass(frozen=True)
@@ -85,10 +85,15 @@ def _side(ts: Sequence[TrajView]) -> Side:
     )
 
 
+def _rank(s: Side) -> tuple[float, ...]:
+    """Higher is better: success, then score; on a tie, fewer steps, then fewer tokens."""
+    return (s.success, s.score, -s.steps, -(s.tokens or 0.0))
+
+
 def _verdict(a: Side | None, b: Side | None) -> str:
     if a is None or b is None:
         return "only a" if b is None else "only b"
-    key_a, key_b = (a.success, a.score), (b.success, b.score)
+    key_a, key_b = _rank(a), _rank(b)
     if key_a == key_b:
         return "same"
     return "a" if key_a > key_b else "b"
