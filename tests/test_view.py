@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -49,7 +50,7 @@ class Page(HTMLParser):
         self.opened: set[str] = set()  # trajectories shown open
         self.parked: set[str] = set()  # ids inside a <template> (pages not shown yet)
         self.templates = 0
-        self.problems: list[str] = []
+        self.problems_shown = False  # the page's box of reading problems
         self.feed(text)
         self.close()
 
@@ -62,6 +63,7 @@ class Page(HTMLParser):
             self.trajs[traj] = a["data-task"]
             if "open" in a:
                 self.opened.add(traj)
+        self.problems_shown |= tag == "div" and "problems" in cls
         if tag == "div" and "skill" in cls:
             skill = a["id"]
         if "id" in a:
@@ -314,6 +316,35 @@ def test_bad_input_is_named_in_one_sentence_and_readable_lines_are_still_shown(e
     page = Page((tmp_path / "bad.html").read_text())
     assert len(page.trajs) == 6  # the two readable chains
     assert "line 3 is cut off" in (tmp_path / "bad.html").read_text()
+
+
+def test_corrupted_files_never_stop_the_viewer(eval_run, tmp_path):
+    """Cut, flipped bytes, a deleted line, a line of the wrong JSON type, in any file of the run:
+    the page is still built, every link resolves, and what was lost is said."""
+    rng = random.Random(0)
+    files = ["trajectories.same_scenario.jsonl", "config.yaml", "metrics.json"]
+    for i in range(12):  # each kind of damage to each file
+        run = tmp_path / f"r{i}"
+        shutil.copytree(eval_run, run)
+        f = run / files[i % len(files)]
+        data = bytearray(f.read_bytes())
+        kind = i // len(files) % 4
+        if kind == 0:
+            data = data[: rng.randrange(len(data))]
+        elif kind == 1:
+            for _ in range(5):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        elif kind == 2:
+            lines = bytes(data).split(b"\n")
+            lines.pop(rng.randrange(len(lines)))
+            data = bytearray(b"\n".join(lines))
+        else:
+            data = bytearray(b'[1, "x"]\n') + data
+        f.write_bytes(bytes(data))
+        page, _ = build(run)
+        assert_links_resolve(page)
+        if f.suffix == ".jsonl" and (kind == 3 or (kind == 0 and not data.endswith(b"\n"))):
+            assert page.problems_shown, f"corruption {i} of {f.name} went unreported"
 
 
 @pytest.mark.skipif(

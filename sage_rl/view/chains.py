@@ -18,6 +18,8 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from sage_rl.rollout.batch import RolloutConfig, to_samples
 from sage_rl.skills.extract import SavePolicy, extract_skills, function_source
 from sage_rl.skills.library import Library
@@ -50,24 +52,33 @@ class ChainOptions:
     group_size: int | None = None
 
     @classmethod
-    def from_config(cls, config: dict, train: bool, problems: list[str]) -> ChainOptions:
-        skills = config.get("skills") or {}
+    def from_config(
+        cls, config: dict, train: bool, problems: list[str], source: str = "config.yaml"
+    ) -> ChainOptions:
+        """``source`` names the file in the sentences added to ``problems``."""
+        skills = config.get("skills") if isinstance(config.get("skills"), dict) else {}
         try:
             policy = SavePolicy(skills.get("save_policy", SavePolicy.CALLED_OK.value))
         except ValueError:
             problems.append(
-                f"config.yaml: unknown skills.save_policy {skills.get('save_policy')!r}; using called_ok."
+                f"{source}: unknown skills.save_policy {skills.get('save_policy')!r}; using called_ok."
             )
             policy = SavePolicy.CALLED_OK
         if not train:
             return cls(policy)
-        if "rollout" not in config:
-            problems.append("config.yaml has no rollout section, so rewards and advantages are not shown.")
+        if not isinstance(config.get("rollout"), dict):
+            problems.append(f"{source} has no rollout section, so rewards and advantages are not shown.")
             return cls(policy)
+        section = config["rollout"]
+        unknown = sorted(set(section) - set(RolloutConfig.model_fields))
+        if unknown:  # a run from another version of sage-rl: use what this version knows
+            problems.append(f"{source}: rollout keys {unknown} are unknown here and ignored for the rewards.")
         try:
-            rollout = RolloutConfig.model_validate(config["rollout"])
-        except ValueError as e:
-            problems.append(f"config.yaml: the rollout section is not valid ({e}); rewards are not shown.")
+            rollout = RolloutConfig.model_validate({k: v for k, v in section.items() if k not in unknown})
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(["rollout", *map(str, err["loc"])])
+            problems.append(f"{source}: {where} is not valid ({err['msg']}), so rewards are not shown.")
             return cls(policy)
         return cls(policy, rollout, rollout.group_size)
 

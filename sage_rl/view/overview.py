@@ -89,10 +89,15 @@ def _train(run: RunData):
         ),
         ("reward", str(r.get("reward", "?"))),
         ("trajectories", str(run.num_trajectories)),
-        ("wall time", fmt(summary.get("wall_s"), "{:.0f} s")),
+        (
+            "wall time",
+            f"{summary['wall_s']:.0f} s" if isinstance(summary.get("wall_s"), int | float) else "-",
+        ),
     ]
     tables = []
-    before, after = summary.get("before"), summary.get("after")
+    before, after = (
+        m if isinstance(m, dict) else None for m in (summary.get("before"), summary.get("after"))
+    )
     if before or after:
         labels = {attr: (label, spec) for label, attr, spec in HEADLINE if attr}
         keys = [k for k in labels if k in (before or {}) or k in (after or {})]
@@ -118,7 +123,7 @@ def _train_curves(rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any])
     evals = [r for r in rows if "eval/tgc" in r]
     ev = {k: ([r["step"] for r in evals], [r.get(f"eval/{k}") for r in evals]) for k in ("tgc", "sgc")}
     after = summary.get("after")
-    if after and summary.get("steps") is not None:
+    if isinstance(after, dict) and isinstance(summary.get("steps"), int):
         for k in ev:
             ev[k] = ([*ev[k][0], summary["steps"]], [*ev[k][1], after.get(k)])
     return [

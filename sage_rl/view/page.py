@@ -94,7 +94,9 @@ def run_page(run: RunData, prefix: str, label: str, page_size: int) -> RunPage:
     if run.kind == "collect":
         sections = collect_sections(run, prefix)
     else:
-        opts = ChainOptions.from_config(run.config, run.kind == "train", problems)
+        opts = ChainOptions.from_config(
+            run.config, run.kind == "train", problems, str(run.path / "config.yaml")
+        )
         sections = [section_view(s, prefix, opts, problems) for s in run.sections]
         if run.kind == "train":
             by_step = {f"{prefix}-{s.key}": step_stats(run, s.step) for s in run.sections}

@@ -118,7 +118,7 @@ def read_run(path: str | Path) -> RunData:
         sections = tuple(
             ChainSection(f"step {n}", f"s{n}", f, tuple(_chains(f, problems)), step=n) for n, f in files
         )
-        rows = read_jsonl(path / "metrics.jsonl", dict, "metrics row", problems)
+        rows = read_jsonl(path / "metrics.jsonl", _metrics_row, "metrics row", problems)
         return RunData(
             path,
             kind,
@@ -170,6 +170,12 @@ def _parse_line(path: Path, lineno: int, raw: bytes, parse, what: str, problems:
             "the other lines are shown."
         )
         return None
+
+
+def _metrics_row(d: Any) -> dict[str, Any]:
+    if not isinstance(d, dict) or not isinstance(d.get("step"), int):
+        raise ValueError("expected an object with an integer 'step'")
+    return d
 
 
 def _chains(path: Path, problems: list[str]) -> list[Chain]:
