@@ -1,8 +1,8 @@
 """Render one or two runs into one self-contained HTML file (Jinja2 templates, Pygments highlighting).
 
 The page holds everything: styles, script, and charts as data URIs; it needs no network and no
-server. Large runs stay usable through pages: the Chains and Skills tabs are cut into pages of
-about ``page_size`` trajectories (never splitting a group). The first page is ordinary HTML; the
+server. Large runs stay usable through pages: the Chains and Skills tabs are cut into pages of at
+most ``page_size`` trajectories (a group is never split, so a larger group is a page). The first page is ordinary HTML; the
 others are ``<template>`` elements, which the browser parses but neither lays out nor runs until
 the script shows one (when its button or a link into it is clicked).
 """
@@ -50,8 +50,8 @@ def _plain(ttype) -> bool:
 
 @simplefilter
 def _unstyled_as_text(self, lexer, stream, options):
-    """Tokens the style does not colour (names, punctuation, spaces) are written without a span:
-    about half of a page's bytes otherwise."""
+    """Tokens the style does not colour (names, punctuation, spaces) are written without a span,
+    which halves the bytes of highlighted code (docs/LOG.md)."""
     for ttype, value in stream:
         yield (Token.Text if _plain(ttype) else ttype), value
 
@@ -114,7 +114,7 @@ def run_page(run: RunData, prefix: str, label: str, page_size: int) -> RunPage:
 
 
 def paginate(sections: Sequence[SectionView], page_size: int, prefix: str) -> list[Page]:
-    """Cut each section into pages of whole groups holding about ``page_size`` trajectories."""
+    """Cut each section into pages of whole groups holding at most ``page_size`` trajectories."""
     pages = []
     for s in sections:
         skills = dict(s.skills)
