@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("composition root", ("sage_rl.build", "sage_rl.settings")),
     (
         "trainers and integrations",
-        ("sage_rl.train", "sage_rl.integrations", "sage_rl.collect", "sage_rl.collect_store"),
+        ("sage_rl.train", "sage_rl.integrations", "sage_rl.collect", "sage_rl.collect_store", "sage_rl.view"),
     ),
     ("rollout core and evaluation", ("sage_rl.rollout", "sage_rl.eval")),
     (

@@ -32,6 +32,7 @@ _COMMANDS = {
     "train": ("sage_rl.cli.train", "SAGE / GRPO training with the local trainer."),
     "collect": ("sage_rl.cli.collect", "Collect expert trajectories by rejection sampling."),
     "sft": ("sage_rl.cli.sft", "Supervised fine-tuning on expert trajectories."),
+    "view": ("sage_rl.cli.view", "One offline HTML page of a run folder (or two, compared)."),
 }
 
 
