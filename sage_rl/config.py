@@ -30,7 +30,8 @@ MAX_YAML_VALUES = 100_000
 class Section(BaseModel):
     """Base of every config section: unknown keys are errors, values are validated on assignment."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True)
+    #: ``allow_inf_nan=False``: no rate, bound or reward of a config may be NaN or infinite.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True, allow_inf_nan=False)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -163,8 +164,10 @@ def read_with_extends(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[st
 def format_validation_error(e: ValidationError, source: str) -> str:
     lines = [f"invalid config ({source}):"]
     for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "<root>"
+        loc = ".".join(str(x) for x in err["loc"]) or "config"
         msg = err["msg"]
+        if err["type"] == "value_error" and "error" in err.get("ctx", {}):
+            msg = str(err["ctx"]["error"])  # our own validators' sentences, without pydantic's prefix
         if err["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see the config reference in docs/)"
         got = err.get("input")

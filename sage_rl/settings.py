@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from sage_rl.collect import CollectSettings
 from sage_rl.config import Section
@@ -36,17 +36,17 @@ class PolicyConfig(Section):
     model: str | None = None  # transformers: a path (HF folder or .gguf); openai: the model name
     base_url: str = "http://127.0.0.1:8000/v1"  # openai
     api_key_env: str = "OPENAI_API_KEY"  # openai: the variable holding the key (never the key itself)
-    max_concurrency: int = 16  # openai: requests in flight
-    timeout_s: float = 120.0  # openai
-    max_batch: int = 8  # transformers: sequences sampled together
+    max_concurrency: int = Field(16, ge=1, description="openai: requests in flight")
+    timeout_s: float = Field(120.0, gt=0, description="openai: seconds per request")
+    max_batch: int = Field(8, ge=1, description="transformers: sequences sampled together")
     device: str = "auto"  # transformers: "cpu", "cuda" or "auto"
     expert_seed: int = 0  # scripted: seed of its variation in names and doc lookups
 
 
 class SamplingConfig(Section):
-    temperature: float = 0.7
-    top_p: float = 1.0
-    top_k: int = 0
+    temperature: float = Field(0.7, ge=0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0 = off")
     seed: int | None = 0
 
     def params(self, max_tokens: int) -> SamplingParams:
@@ -71,11 +71,29 @@ class RunConfig(Section):
     worked_example: bool = True  # show a solved train task in the prompt
     seed: int = 0
 
+    @model_validator(mode="after")
+    def _known_splits(self) -> RunConfig:
+        """A split typo fails here, at load, before any model is loaded (issue 11)."""
+        known = known_splits(self.env)
+        for key, split in self.splits():
+            if split not in known:
+                raise ValueError(
+                    f"{key}={split!r} is not a split of {self.env}; choose from {', '.join(known)}"
+                )
+        return self
+
+    def splits(self) -> list[tuple[str, str]]:
+        """(config key, split name) of every split this command reads."""
+        return []
+
 
 class EvalRunConfig(RunConfig, EvalConfig):
     """``sage-rl eval``."""
 
     out_dir: str = "runs/eval"
+
+    def splits(self) -> list[tuple[str, str]]:
+        return [("split", self.split)]
 
 
 class TrainConfig(RunConfig, LoopConfig):
@@ -88,6 +106,18 @@ class TrainConfig(RunConfig, LoopConfig):
     wandb_project: str | None = None
     trackio_project: str | None = None
 
+    def splits(self) -> list[tuple[str, str]]:
+        return [("rollout.split", self.rollout.split), ("eval.split", self.eval.split)]
+
+    @model_validator(mode="after")
+    def _groups_compare(self) -> TrainConfig:
+        if self.rollout.group_size < 2:
+            raise ValueError(
+                f"rollout.group_size={self.rollout.group_size}: GRPO compares the chains of a group, so "
+                "training needs at least 2"
+            )
+        return self
+
 
 class CollectConfig(RunConfig, CollectSettings):
     """``sage-rl collect``: every key is documented in docs/collect.md."""
@@ -99,6 +129,9 @@ class CollectConfig(RunConfig, CollectSettings):
         if self.scripted_fail_rate and self.policy.kind != "scripted":
             raise ValueError("scripted_fail_rate applies only to policy.kind=scripted")
         return self
+
+    def splits(self) -> list[tuple[str, str]]:
+        return [("split", self.split)]
 
     def identity(self) -> dict[str, Any]:
         """The settings that decide what a (scenario, temperature) job produces and keeps.
@@ -127,6 +160,17 @@ class CollectConfig(RunConfig, CollectSettings):
         }
 
 
+def known_splits(env: str) -> tuple[str, ...]:
+    """The split names environment ``env`` has (whether or not its data is installed)."""
+    if env == "appworld":
+        from sage_rl.integrations.appworld.paths import SPLITS
+
+        return SPLITS
+    from sage_rl.envs.pocketworld.tasks import split_names
+
+    return split_names()
+
+
 __all__ = [
     "CollectConfig",
     "EvalRunConfig",
@@ -135,4 +179,5 @@ __all__ = [
     "RunConfig",
     "SamplingConfig",
     "TrainConfig",
+    "known_splits",
 ]

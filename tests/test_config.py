@@ -63,3 +63,61 @@ def test_extends_merges_parent_first(tmp_path):
     (tmp_path / "loop.yaml").write_text("extends: loop.yaml\n")
     with pytest.raises(ConfigError, match="extends itself"):
         load_config(Outer, tmp_path / "loop.yaml")
+
+
+# -- bounds at load (issue 11): the bad value is named before any model is loaded ----------------
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rollout.group_size=0", r"rollout\.group_size: .*greater than or equal to 1 \(got 0\)"),
+        ("rollout.group_size=1", r"rollout\.group_size=1: GRPO compares the chains of a group"),
+        ("rollout.chain_length=0", r"rollout\.chain_length: .*greater than or equal to 1"),
+        ("rollout.chain_length=-3", r"rollout\.chain_length: .*\(got -3\)"),
+        ("rollout.groups_per_step=-1", r"rollout\.groups_per_step: .*\(got -1\)"),
+        ("trainer.lr=.inf", r"trainer\.lr: Input should be a finite number \(got inf\)"),
+        ("trainer.lr=0", r"trainer\.lr: .*greater than 0"),
+        ("sampling.temperature=.nan", r"sampling\.temperature: Input should be a finite number"),
+        ("sampling.top_p=0", r"sampling\.top_p: .*greater than 0"),
+        ("agent.max_steps=0", r"agent\.max_steps: .*greater than or equal to 1"),
+        (
+            "rollout.split=trian",
+            r"rollout\.split='trian' is not a split of pocketworld; choose from train, dev",
+        ),
+        ("eval.split=devv", r"eval\.split='devv' is not a split of pocketworld"),
+        ("eval.scenarios=0", r"eval\.scenarios: .*greater than or equal to 1"),
+    ],
+)
+def test_train_config_bounds_name_the_bad_value(override, message):
+    from sage_rl.settings import TrainConfig
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(TrainConfig, "configs/quickstart.yaml", [override])
+
+
+@pytest.mark.parametrize("command", ["eval", "collect"])
+def test_split_typos_fail_at_load_for_every_command(command):
+    from sage_rl.settings import CollectConfig, EvalRunConfig
+
+    model = {"eval": EvalRunConfig, "collect": CollectConfig}[command]
+    with pytest.raises(ConfigError, match=r"split='trian' is not a split of pocketworld"):
+        load_config(model, None, ["split=trian"])
+    with pytest.raises(ConfigError, match=r"split='trian' is not a split of appworld"):
+        load_config(model, None, ["env=appworld", "split=trian"])
+    assert load_config(model, None, ["split=test_normal"]).split == "test_normal"
+
+
+def test_a_split_typo_stops_train_before_the_model_loads(tmp_path):
+    """Through the real command: exit 2 with the sentence, in seconds (no model, no evaluation)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "sage_rl.cli", "train", "rollout.split=trian", f"out_dir={tmp_path / 'r'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "rollout.split='trian' is not a split" in proc.stderr
+    assert not (tmp_path / "r").exists()

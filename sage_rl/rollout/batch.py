@@ -11,6 +11,8 @@ import asyncio
 import random
 from collections.abc import Sequence
 
+from pydantic import Field
+
 from sage_rl.config import Section
 from sage_rl.rollout.advantages import Baseline, compute_advantages
 from sage_rl.rollout.chain import ChainRunner, run_group
@@ -22,16 +24,16 @@ from sage_rl.types import Chain, Sample
 class RolloutConfig(Section):
     """Sequential rollout and credit assignment. Defaults are the paper's where it gives them."""
 
-    chain_length: int = 2  # K: tasks per chain, from one scenario (SAGE.md section 3)
-    group_size: int = 8  # G: chains per task sequence
-    groups_per_step: int = 4  # B: task sequences per optimizer step
+    chain_length: int = Field(2, ge=1, description="K: tasks per chain, from one scenario (SAGE.md 3)")
+    group_size: int = Field(8, ge=1, description="G: chains per task sequence (>= 2 to train)")
+    groups_per_step: int = Field(4, ge=1, description="B: task sequences per optimizer step")
     split: str = "train"
     reward: RewardKind = RewardKind.SKILL_INTEGRATED
     no_code_reward: float | None = -1.0  # replaces R of a trajectory without code; null = off
     baseline: Baseline = Baseline.MEAN
     normalize_std: bool = False  # LOOP/SAGE: no std division
-    drop_below: float | None = None  # LOOP drops |A| < 0.01; null keeps every sample
-    concurrency: int = 16  # chains in flight
+    drop_below: float | None = Field(None, ge=0, description="LOOP drops |A| < 0.01; null keeps all")
+    concurrency: int = Field(16, ge=1, description="chains in flight")
 
 
 def check_group_contract(groups: Sequence[Sequence[Chain]]) -> None:

@@ -21,6 +21,8 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
+from pydantic import Field
+
 from sage_rl.agent.prompts import PromptBuilder
 from sage_rl.config import Section
 from sage_rl.envs.base import Environment, Suite
@@ -45,7 +47,7 @@ class SkillsConfig(Section):
     use_skills: bool = True
     save_policy: SavePolicy = SavePolicy.CALLED_OK
     render: str = "full"  # "full" source or "compact" (signature + docstring) in the prompt
-    token_budget: int = 2000  # for the library section of the prompt
+    token_budget: int = Field(2000, ge=1, description="tokens for the library section of the prompt")
     retrieval: RetrievalConfig = RetrievalConfig()
 
 

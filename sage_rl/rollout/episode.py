@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from pydantic import Field
+
 from sage_rl.agent.parse import NO_CODE_OBSERVATION, parse_reply
 from sage_rl.config import Section
 from sage_rl.envs.base import Environment
@@ -28,11 +30,11 @@ NO_CODE_RESULT = ExecResult(NO_CODE_OBSERVATION, ok=False)
 class AgentConfig(Section):
     """Limits of one episode. Defaults are the paper's (SAGE.md section 1)."""
 
-    max_steps: int = 40
-    max_tokens_per_turn: int = 1500
-    context_limit: int = 28_000  # prompt + everything generated and observed so far
-    token_budget: int | None = None  # total generated tokens per episode; None = no budget
-    min_turn_tokens: int = 16  # a turn with less room than this is not started
+    max_steps: int = Field(40, ge=1)
+    max_tokens_per_turn: int = Field(1500, ge=1)
+    context_limit: int = Field(28_000, ge=1, description="prompt + everything generated and observed so far")
+    token_budget: int | None = Field(None, ge=1, description="generated tokens per episode; null = no budget")
+    min_turn_tokens: int = Field(16, ge=1, description="a turn with less room than this is not started")
 
 
 @dataclasses.dataclass(frozen=True)

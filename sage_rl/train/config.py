@@ -55,7 +55,7 @@ class TrainerConfig(Section):
 class TrainEvalConfig(Section):
     split: str = "dev"
     every: int = Field(0, ge=0, description="evaluate every N steps; 0 = only before and after")
-    scenarios: int | None = Field(2, description="first N scenarios of the split; null = all")
+    scenarios: int | None = Field(2, ge=1, description="first N scenarios of the split; null = all")
     before_after: bool = True
 
     def protocol(self, strategy: str) -> EvalConfig:
