@@ -15,7 +15,6 @@ import pytest
 
 pytest.importorskip("verl", reason="verl runs in .venv-verl (bash scripts/setup_verl.sh)")
 
-from sage_rl.envs.pocketworld.tasks import template_of  # noqa: E402
 from sage_rl.integrations.verl import bridge  # noqa: E402
 from sage_rl.integrations.verl.compose import compose_config  # noqa: E402
 from sage_rl.integrations.verl.config import VerlRunConfig  # noqa: E402
@@ -27,14 +26,12 @@ from sage_rl.integrations.verl.testing import (  # noqa: E402
     make_worker,
     rollout,
     save_tiny_model,
+    scripted,
     use_tq,
 )
-from sage_rl.policies.scripted import ScriptedExpert  # noqa: E402
 from sage_rl.rollout.rewards import ChainOutcomes, RewardKind, rewards  # noqa: E402
 
 K, G, B = 2, 3, 2
-NO_CODE = "I would rather not write any code for this."
-GIVE_UP = "```python\nprint('giving up')\napis.supervisor.complete_task()\n```"
 
 
 def run_config(tmp, **over) -> VerlRunConfig:
@@ -52,24 +49,6 @@ def run_config(tmp, **over) -> VerlRunConfig:
             **over,
         }
     )
-
-
-def scripted(tasks_by_uid: dict[str, tuple]):
-    """reply(request_id, episode, turn): session 0 = expert, 1 = no code, 2 = expert then gives up."""
-    expert = ScriptedExpert(seed=0)
-
-    def cells(task, k):
-        lib = tuple(expert.names(template_of(task), task.scenario_id).values()) if k else ()
-        return expert.plan(task, lib)
-
-    def reply(request_id: str, episode: int, turn: int) -> str:
-        uid, session = request_id.rsplit("-", 1)
-        if session == "1" or (session == "2" and episode == 1):
-            return NO_CODE if session == "1" else GIVE_UP
-        plan = cells(tasks_by_uid[uid][episode], episode)
-        return f"```python\n{plan[min(turn, len(plan) - 1)]}\n```"
-
-    return reply
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +98,11 @@ def test_tokens_are_exactly_the_sampled_ones_and_observations_are_masked(run):
     for (uid, s, _), f in outputs(run).items():
         prompt, resp, mask = f["prompts"].tolist(), f["responses"].tolist(), f["response_mask"].tolist()
         assert f["input_ids"].tolist() == prompt + resp and f["loss_mask"].tolist() == mask
-        turns = [c for c in run["server"].calls if c["request_id"] == f"{uid}-{s}" and c["prompt_ids"][: len(prompt)] == prompt]
+        turns = [
+            c
+            for c in run["server"].calls
+            if c["request_id"] == f"{uid}-{s}" and c["prompt_ids"][: len(prompt)] == prompt
+        ]
         assert turns, "every output was sampled by the server"
         for c in turns:  # the server saw exactly prompt + the response so far: nothing re-tokenised
             done, ids = len(c["prompt_ids"]) - len(prompt), c["token_ids"]
@@ -136,14 +119,18 @@ def test_logprobs_cover_the_response_and_are_the_samplers_on_sampled_tokens(run)
         lps, mask = f["rollout_log_probs"].tolist(), f["response_mask"].tolist()
         assert len(lps) == len(mask) == f["responses"].numel()
         assert all(lp == 0.0 for lp, m in zip(lps, mask, strict=True) if not m)
-        turns = [c for c in run["server"].calls if c["request_id"] == f"{uid}-{s}" and c["prompt_ids"][: len(prompt)] == prompt]
+        turns = [
+            c
+            for c in run["server"].calls
+            if c["request_id"] == f"{uid}-{s}" and c["prompt_ids"][: len(prompt)] == prompt
+        ]
         sampler = [-0.01 * (i + 1) for c in turns for i in range(len(c["token_ids"]))]  # the fake's logprobs
         assert [lp for lp, m in zip(lps, mask, strict=True) if m] == pytest.approx(sampler)
 
 
 def test_rewards_are_sage_rls_reward_function_per_position(run):
     by_chain: dict[tuple[str, int], list[dict]] = {}
-    for (uid, s, k), f in sorted(outputs(run).items()):
+    for (uid, s, _), f in sorted(outputs(run).items()):
         by_chain.setdefault((uid, s), []).append(f["extra_fields"])
     for (_, s), extras in by_chain.items():
         outcome = ChainOutcomes(
@@ -197,7 +184,9 @@ def test_a_broken_environment_comes_back_as_k_failed_outputs_not_an_exception(ru
     loop = SageChainAgentLoop.__new__(SageChainAgentLoop)
     loop.config, loop.server_manager, loop.tokenizer = run["config"], run["server"], run["tok"]
     uid, tasks = next(iter(run["tasks"].items()))
-    outs = asyncio.run(loop.run({"temperature": 1.0}, uid=uid, session_id=0, sage_tasks=bridge.tasks_to_json(tasks)))
+    outs = asyncio.run(
+        loop.run({"temperature": 1.0}, uid=uid, session_id=0, sage_tasks=bridge.tasks_to_json(tasks))
+    )
     assert [o.extra_fields["sage_ok"] for o in outs] == [False] * K
     assert "sandbox is gone" in outs[0].extra_fields["sage_error"]
     assert all(len(o.response_ids) == 1 and o.response_mask == [0] for o in outs)

@@ -143,7 +143,12 @@ def _mean(xs: Sequence[float]) -> float:
 
 
 def _metrics(
-    rows: Sequence[OutputRow], live: Sequence[int], adv: Sequence[float], chains: int, scale: float, dropped: int
+    rows: Sequence[OutputRow],
+    live: Sequence[int],
+    adv: Sequence[float],
+    chains: int,
+    scale: float,
+    dropped: int,
 ) -> dict[str, float]:
     """``sage/*`` metrics of one batch (defined in docs/verl.md)."""
     failed = {(r.uid, r.session) for r in rows if not r.ok and not r.padding}

@@ -45,7 +45,9 @@ def run_config(config: Any) -> VerlRunConfig:
     """The run's sage-rl config, carried inside verl's config as ``sage:`` (``compose.py``)."""
     section = config.get("sage") if hasattr(config, "get") else None
     if section is None:
-        raise KeyError("verl's config has no `sage` section: launch with python -m sage_rl.integrations.verl.main")
+        raise KeyError(
+            "verl's config has no `sage` section: launch with python -m sage_rl.integrations.verl.main"
+        )
     return _parse(json.dumps(OmegaConf.to_container(section, resolve=True), sort_keys=True))
 
 
@@ -134,4 +136,3 @@ class SageChainAgentLoop(AgentLoopBase):
             metrics=AgentLoopMetrics(generate_sequences=o.policy_s, tool_calls=o.env_s),
             extra_fields=extra,
         )
-

@@ -137,9 +137,7 @@ def chain_outputs(chain: Chain, rollout: RolloutConfig, pad_id: int) -> list[Pos
     ]
 
 
-def _position(
-    k: int, traj: Trajectory, reward: float, used: tuple[int, ...], pad_id: int
-) -> PositionOutput:
+def _position(k: int, traj: Trajectory, reward: float, used: tuple[int, ...], pad_id: int) -> PositionOutput:
     ids, mask, lps = traj.token_arrays()
     n = len(traj.prompt_ids)
     resp, resp_mask, resp_lps = ids[n:], mask[n:], lps[n:]

@@ -8,7 +8,9 @@ verl's schema has an open mapping (e.g. ``+actor_rollout_ref.rollout.engine_kwar
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -38,7 +40,7 @@ def _exists(config: DictConfig, key: str) -> bool:
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(config, parent, default=_MISSING) if parent else config
     # keys() lists mandatory (???) values too, which ``in`` and select() report as absent
-    return isinstance(node, DictConfig) and leaf in node.keys()
+    return isinstance(node, DictConfig) and leaf in node.keys()  # noqa: SIM118
 
 
 def set_key(config: DictConfig, key: str, value: Any) -> None:
@@ -61,9 +63,28 @@ def compose_config(cfg: VerlRunConfig) -> DictConfig:
     config = base_config()
     for key, value in {**derived_verl_keys(cfg), **cfg.verl}.items():
         set_key(config, key, value)
+    fit = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    if fit not in cfg.verl and int(OmegaConf.select(config, fit)) < cfg.agent.context_limit:
+        set_key(config, fit, cfg.agent.context_limit)  # verl's default (16k) is below the paper's 28k context
+    check_lengths(config, cfg.agent.context_limit)
     with open_dict(config):
         config.sage = cfg.sage_section()
     return config
+
+
+def check_lengths(config: DictConfig, context_limit: int) -> None:
+    """A sequence may reach ``agent.context_limit`` tokens: verl's dynamic batching must fit one."""
+    keys = (
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+    )
+    short = {k: OmegaConf.select(config, k) for k in keys}
+    short = {k: v for k, v in short.items() if v is None or int(v) < context_limit}
+    if short:
+        raise ConfigError(
+            f"{', '.join(f'{k}={v}' for k, v in short.items())}: must be at least agent.context_limit="
+            f"{context_limit} (one whole sequence per micro-batch); set it under verl:"
+        )
 
 
 def validate(config: DictConfig) -> None:
@@ -72,6 +93,9 @@ def validate(config: DictConfig) -> None:
     from verl.utils.config import validate_config
 
     try:
-        validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+        with contextlib.redirect_stdout(sys.stderr):  # verl prints its verdict; stdout is for the config
+            validate_config(
+                config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+            )
     except (AssertionError, ValueError) as e:
         raise ConfigError(f"verl rejects the config: {e}") from None

@@ -143,7 +143,9 @@ def derived_verl_keys(cfg: VerlRunConfig) -> dict[str, Any]:
     """
     r, t, a = cfg.rollout, cfg.trainer, cfg.agent
     if cfg.model is None:
-        raise ConfigError("model: set the HF model folder (or hub id) to train, e.g. model=/models/Qwen2.5-7B")
+        raise ConfigError(
+            "model: set the HF model folder (or hub id) to train, e.g. model=/models/Qwen2.5-7B"
+        )
     data = Path(cfg.data_dir)
     ctx = a.context_limit
     return {

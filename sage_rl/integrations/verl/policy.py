@@ -67,7 +67,9 @@ class VerlServerPolicy:
         if request.prompt_ids is None:
             raise ValueError("VerlServerPolicy is token-exact: the request needs prompt_ids")
         out = await self.server_manager.generate(
-            self.request_id, prompt_ids=list(request.prompt_ids), sampling_params=self.request_params(request.params)
+            self.request_id,
+            prompt_ids=list(request.prompt_ids),
+            sampling_params=self.request_params(request.params),
         )
         ids, lps = list(out.token_ids), out.log_probs
         if not ids:

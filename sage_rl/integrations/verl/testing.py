@@ -44,7 +44,12 @@ class FakeServerManager:
         ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + [self.eot_id]
         ids = ids[: sampling_params["max_tokens"]]
         self.calls.append(
-            {"request_id": request_id, "prompt_ids": list(prompt_ids), "params": dict(sampling_params), "token_ids": ids}
+            {
+                "request_id": request_id,
+                "prompt_ids": list(prompt_ids),
+                "params": dict(sampling_params),
+                "token_ids": ids,
+            }
         )
         self._state[request_id] = (list(prompt_ids) + ids, episode, turn + 1)
         steps = {"global_steps": self.global_steps, "min_global_steps": self.global_steps}
@@ -105,13 +110,10 @@ class InMemoryTQ:
         missing = [k for k in keys if k not in store]
         if missing:
             raise KeyError(f"keys not in partition {partition_id!r}: {missing[:3]}")
-        present = set.union(*(set(store[k]) for k in keys))
+        # as TransferQueue: only fields that every requested key has come back (unknown ones are dropped)
+        common = set.intersection(*(set(store[k]) for k in keys))
         wanted = [select_fields] if isinstance(select_fields, str) else select_fields
-        # as TransferQueue: an unknown field is left out; one that some keys lack is an error
-        names = [n for n in (wanted if wanted is not None else sorted(present)) if n in present]
-        partial = [n for n in names if any(n not in store[k] for k in keys)]
-        if partial:
-            raise ValueError(f"Some fields are not ready in all the requested keys: {partial}")
+        names = [n for n in (wanted if wanted is not None else sorted(common)) if n in common]
         return TensorDict({n: _stack([store[k][n] for k in keys]) for n in names}, batch_size=[len(keys)])
 
     def init(self, *_: Any, **__: Any) -> None:
@@ -136,6 +138,35 @@ class InMemoryTQ:
 
     async def async_kv_batch_get(self, keys, partition_id, select_fields=None) -> TensorDict:
         return self.kv_batch_get(keys, partition_id, select_fields)
+
+
+NO_CODE = "I would rather not write any code for this."
+GIVE_UP = "```python\nprint('giving up')\napis.supervisor.complete_task()\n```"
+
+
+def scripted(tasks_by_uid: dict[str, Sequence[Any]]) -> Reply:
+    """Replies for PocketWorld chains, by session (request id ``{uid}-{session}``):
+
+    - session 0: sage-rl's scripted expert; it defines skills in task 1 and only calls them in
+      task 2 (so task 2 uses task 1's skill);
+    - session 1: never writes code;
+    - session 2: the expert on task 1, then completes task 2 without doing it.
+    """
+    from sage_rl.envs.pocketworld.tasks import template_of
+    from sage_rl.policies.scripted import ScriptedExpert
+
+    expert = ScriptedExpert(seed=0)
+
+    def reply(request_id: str, episode: int, turn: int) -> str:
+        uid, session = request_id.rsplit("-", 1)
+        if session == "1" or (session == "2" and episode == 1):
+            return NO_CODE if session == "1" else GIVE_UP
+        task = tasks_by_uid[uid][episode]
+        library = tuple(expert.names(template_of(task), task.scenario_id).values()) if episode else ()
+        plan = expert.plan(task, library)
+        return f"```python\n{plan[min(turn, len(plan) - 1)]}\n```"
+
+    return reply
 
 
 # --------------------------------------------------------------------------------------------

@@ -38,7 +38,10 @@ def check_invariants(config: DictConfig, sage: VerlRunConfig) -> None:
     actor, rollout, r = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout, sage.rollout
     want = {
         "actor_rollout_ref.rollout.n": (rollout.n, r.group_size),
-        "actor_rollout_ref.actor.ppo_mini_batch_size": (actor.ppo_mini_batch_size, r.chain_length * r.groups_per_step),
+        "actor_rollout_ref.actor.ppo_mini_batch_size": (
+            actor.ppo_mini_batch_size,
+            r.chain_length * r.groups_per_step,
+        ),
         "data.train_batch_size": (config.data.train_batch_size, r.groups_per_step),
         "actor_rollout_ref.actor.ppo_epochs": (actor.ppo_epochs, 1),
         "actor_rollout_ref.actor.use_kl_loss": (bool(actor.use_kl_loss), False),
@@ -72,19 +75,31 @@ class SageTrainer(PPOTrainerSync):
         return int(cfg.actor.ppo_mini_batch_size) * int(cfg.rollout.n)
 
     def _compute_advantage(self, batch, metrics: dict):
-        batch = super()._compute_advantage(batch, metrics)
         data = tq.kv_batch_get(
-            keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask", "extra_fields"]
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
         )
         extras = [dict(e) for e in data["extra_fields"]]
-        rows = [OutputRow.of(e, padding=bool(tag.get("is_padding", False))) for e, tag in zip(extras, batch.tags, strict=True)]
+        rows = [
+            OutputRow.of(e, padding=bool(tag.get("is_padding", False)))
+            for e, tag in zip(extras, batch.tags, strict=True)
+        ]
         t = self.sage.trainer
         adv = batch_advantages(rows, self.sage.rollout, t.loss_scale, t.loss_agg, self.mini_batch_outputs())
-        if adv.num_chains == 0:
+        if (
+            adv.num_chains == 0
+        ):  # checked first: verl's own step fails obscurely on a batch with no token to train
             errors = sorted({str(e.get("sage_error", "")) for e in extras} - {""})
             raise RuntimeError(f"every chain of this batch failed; errors: {errors[:3]}")
-        fields = per_token_fields(adv, data["response_mask"])
-        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+        batch = super()._compute_advantage(batch, metrics)  # verl's rollout correction, if configured
+        # read the mask after verl's step: its rejection sampling (rollout_rs) may have cut tokens out
+        mask = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask"]
+        )
+        tq.kv_batch_put(
+            keys=batch.keys,
+            partition_id=batch.partition_id,
+            fields=per_token_fields(adv, mask["response_mask"]),
+        )
         metrics.update(adv.metrics)
         return batch
 
