@@ -86,10 +86,11 @@ def test_in_memory_queue_matches_transfer_queue(real_tq):
         fake.kv_batch_get(same_len, "p", pick)
     )
     update = list_of_dict_to_tensordict(
-        [{"adv": torch.tensor([0.5, 0.5, 0.0])}, {"adv": torch.tensor([1.0])}]
+        [{"adv": torch.tensor([1.0])}, {"adv": torch.tensor([0.5, 0.5, 0.0])}]
     )
-    for store in (real_tq, fake):
-        store.kv_batch_put(keys=["u_0_0", "v_0_0"], partition_id="p", fields=update)
+    for store in (real_tq, fake):  # a put of fields only returns the stored tags (padding is found by them)
+        meta = store.kv_batch_put(keys=["v_0_0", "u_0_0"], partition_id="p", fields=update)
+        assert meta.tags == [{"t": 3}, {"t": 1}]
     both = ["v_0_0", "u_0_0"]
     assert as_plain(
         real_tq.kv_batch_get(keys=both, partition_id="p", select_fields=["adv", "responses"])
