@@ -68,7 +68,15 @@ def run(tmp_path_factory):
     server = FakeServerManager(trainer.tokenizer, scripted(tasks), eot_id=eot)
     worker = make_worker(config, server)
     asyncio.run(rollout(worker, batch))
-    yield {"cfg": cfg, "config": config, "tq": tq, "server": server, "tasks": tasks, "tok": trainer.tokenizer}
+    yield {
+        "cfg": cfg,
+        "config": config,
+        "tq": tq,
+        "server": server,
+        "tasks": tasks,
+        "tok": trainer.tokenizer,
+        "trainer": trainer,
+    }
     mp.undo()
 
 
@@ -192,3 +200,35 @@ def test_a_broken_environment_comes_back_as_k_failed_outputs_not_an_exception(ru
     assert all(len(o.response_ids) == 1 and o.response_mask == [0] for o in outs)
     bad = asyncio.run(loop.run({}, uid=uid, session_id=1, sage_tasks="not json"))
     assert len(bad) == K and "bad dataset row" in bad[0].extra_fields["sage_error"]
+
+
+def test_verls_trainer_steps_accept_the_batch_padding_advantages_and_metrics(run):
+    """What verl's sync step does next on CPU: pad the batch for the data-parallel ranks, SAGE's
+    advantage step, verl's metrics, which must report the true per-output rewards."""
+    import types
+
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
+
+    tq, trainer = run["tq"], run["trainer"]
+    keys = sorted(k for k in tq.rows["train"] if k.count("_") == 2 and not k.startswith("pad"))
+    old = tq.kv_batch_get(keys, "train", ["rollout_log_probs"])  # as _compute_old_log_prob would write
+    tq.kv_batch_put(keys, "train", fields=old.rename_key_("rollout_log_probs", "old_log_probs"))
+    batch = KVBatchMeta(keys=keys, tags=[tq.tags["train"][k] for k in keys], partition_id="train")
+    batch = upsample_batch_to_divisible_size(batch, 16, run["tok"].eos_token_id)
+    assert len(batch) == 16 > len(keys)
+    metrics: dict = {}
+    batch = trainer._compute_advantage(batch, metrics)
+    trainer.resource_pool_manager = types.SimpleNamespace(get_n_gpus=lambda: 1)  # no GPUs here
+    trainer._compute_metrics(batch, metrics, {"step": 1.0, "gen": 0.5}, global_steps=1, epoch=0)
+    rewards = [tq.rows["train"][k]["extra_fields"]["sage_reward"] for k in keys]
+    assert metrics["critic/score/mean"] == pytest.approx(
+        sum(rewards) / len(rewards)
+    )  # own rewards, no padding
+    assert metrics["sage/chains"] == B * G and metrics["sage/loss_scale"] == pytest.approx(K)
+    adv = tq.kv_batch_get(batch.keys, "train", ["advantages"])["advantages"]
+    assert all(
+        float(a.abs().sum()) == 0.0
+        for k, a in zip(batch.keys, adv.unbind(), strict=True)
+        if k.startswith("pad")
+    )

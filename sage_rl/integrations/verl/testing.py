@@ -218,14 +218,12 @@ async def rollout(worker: Any, batch: TensorDict) -> None:
 
 
 def make_trainer(config: Any, global_steps: int = 1) -> Any:
-    """A ``SageTrainer`` with its tokenizer and data loaders, but no workers (``__new__``, as
-    verl's own CPU trainer tests build theirs); its constructor's checks run as in a real run."""
-    from sage_rl.integrations.verl.trainer import SageTrainer, check_invariants, run_config
+    """A ``SageTrainer`` built by its constructor, with its tokenizer and data loaders but no
+    workers (verl's ``init()`` would start them on GPUs)."""
+    from sage_rl.integrations.verl.trainer import SageTrainer
 
-    trainer = SageTrainer.__new__(SageTrainer)
-    trainer.config, trainer.sage = config, run_config(config)
-    check_invariants(config, trainer.sage)
-    trainer.trainer_mode, trainer.parameter_sync_step, trainer.global_steps = "sync", 1, global_steps
+    trainer = SageTrainer(config)
+    trainer.global_steps = global_steps
     trainer._init_tokenizer()
     trainer._init_dataloader()
     return trainer
