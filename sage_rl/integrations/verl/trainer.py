@@ -2,11 +2,12 @@
 
 ``SageTrainer`` is verl's ``PPOTrainerSync`` with two changes:
 
-- ``_compute_advantage`` first runs verl's own (which applies the optional sampler-vs-trainer
-  rollout correction), then replaces verl's GRPO advantages, which are computed from each
-  session's last output and broadcast to its other outputs, with SAGE's: one group per
-  (dataset row, position), each output with its own reward (``advantages.batch_advantages``).
-  It writes back ``advantages``, ``returns`` and the true per-output ``rm_scores``.
+- ``_compute_advantage`` computes SAGE's advantages: one group per (dataset row, position), each
+  output with its own reward (``advantages.batch_advantages``); a batch in which every chain
+  failed stops here with the errors. It then runs verl's own step (which applies the optional
+  sampler-vs-trainer rollout correction) and replaces verl's GRPO advantages, computed from each
+  session's last output and broadcast to its other outputs, with SAGE's: it writes back
+  ``advantages``, ``returns`` and the true per-output ``rm_scores``.
 - ``_update_actor`` refuses a batch that verl would train in more than one optimizer step.
 
 verl builds its trainer inside a Ray actor from ``trainer.v1.trainer_mode``, through a registry
