@@ -195,9 +195,14 @@ def test_an_environment_failure_ends_the_task_as_data_and_the_chain_goes_on(brok
     assert ("would not build" if broken is ResetFails else "checker crashed") in failed.error
     assert failed.turns == () if broken is ResetFails else len(failed.turns) == 1
     assert fine.stop is StopReason.COMPLETED and fine.outcome.success
-    # the batch goes on too: an env failure before any turn is a failure (0), not a no-code -1
+    # the batch goes on too. Nothing sampled (reset failed): the task leaves its group, neither a
+    # no-code -1 nor a 0 in the others' baseline. The policy played (evaluate failed): scored 0.
     samples = to_samples([[chain, chain]], RolloutConfig(chain_length=2, group_size=2))
-    assert [s.reward for s in samples[:2]] == [0.0, 1.0]
+    got = [(s.trajectory.task.task_id, s.reward) for s in samples]
+    if broken is ResetFails:
+        assert got == [("bad_2", 1.0), ("bad_2", 1.0)]
+    else:
+        assert got == [("bad_1", 0.0), ("bad_2", 1.0), ("bad_1", 0.0), ("bad_2", 1.0)]
 
 
 def test_opening_the_environment_can_fail_too():

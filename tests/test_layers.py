@@ -19,8 +19,8 @@ import sage_rl
 
 #: (layer, module prefixes), top to bottom: docs/architecture.md, "Layers".
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("commands", ("sage_rl.cli",)),
-    ("composition root", ("sage_rl.build", "sage_rl.settings")),
+    ("commands", ("sage_rl.cli", "sage_rl.integrations.verl.main")),
+    ("composition root", ("sage_rl.build", "sage_rl.settings", "sage_rl.integrations.verl")),
     (
         "trainers and integrations",
         ("sage_rl.train", "sage_rl.integrations", "sage_rl.collect", "sage_rl.collect_store", "sage_rl.view"),
@@ -70,11 +70,19 @@ def imported(module: str) -> set[str]:
     return out
 
 
+#: Modules that need a separate virtualenv's packages (verl's own, scripts/setup_verl.sh): their
+#: imports are still read from source below; importing them is tested in that venv.
+OWN_VENV = ("sage_rl.integrations.verl",)
+
+
 def test_every_module_belongs_to_a_layer_and_imports():
     for m in modules():
         height(m)
-        if not m.endswith("__main__"):  # __main__ runs the command line
-            importlib.import_module(m)
+        if m.endswith("__main__"):  # __main__ runs the command line
+            continue
+        if m.startswith(OWN_VENV) and importlib.util.find_spec("verl") is None:
+            continue
+        importlib.import_module(m)
 
 
 def test_no_module_imports_a_higher_layer():

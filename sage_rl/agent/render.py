@@ -57,7 +57,7 @@ class ChatRenderer:
             raise ValueError(f"the chat template closes an assistant turn with {self._close!r}, not a token")
         eos = tokenizer.eos_token_id
         self.stop_ids: tuple[int, ...] = tuple(dict.fromkeys(i for i in (self.eot_id, eos) if i is not None))
-        specials = sorted(getattr(tokenizer, "all_special_tokens", ()) or (), key=len, reverse=True)
+        specials = sorted(_added_tokens(tokenizer), key=len, reverse=True)
         self._specials = re.compile("(" + "|".join(map(re.escape, specials)) + ")") if specials else None
         self._nonce = secrets.token_hex(4)  # content markers no message can contain by chance
         self._observation_frame = self._frame()
@@ -197,3 +197,13 @@ def _assistant_close(tokenizer: Any) -> str:
             f"extend the prompt rendered with the generation prompt ({full!r} vs {with_prompt!r})"
         )
     return full[len(with_prompt) + len(_PROBE_ASSISTANT) :]
+
+
+def _added_tokens(tokenizer: Any) -> set[str]:
+    """Every token the tokenizer matches as a whole in raw text: its named special tokens and its
+    added vocabulary. (A tokenizer saved and reloaded may list ``<|im_end|>`` only among the
+    latter, so ``all_special_tokens`` alone can miss the template's own control tokens.)"""
+    found = set(getattr(tokenizer, "all_special_tokens", ()) or ())
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    found |= {str(getattr(t, "content", t)) for t in decoder.values()}
+    return {t for t in found if t}

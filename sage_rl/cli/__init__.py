@@ -25,6 +25,7 @@ _GROUPS = {
     "world": ("sage_rl.cli.world", "PocketWorld: list, show, run and verify tasks."),
     "skills": ("sage_rl.cli.skills", "Skill stores: list, show, search, stats, export, import."),
     "appworld": ("sage_rl.cli.appworld", "AppWorld: set up its separate environment and data."),
+    "verl": ("sage_rl.integrations.verl.main", "SAGE at scale on verl: prepare-data, show-config, train."),
 }
 #: single commands -> module exposing ``main`` (a typer command function)
 _COMMANDS = {

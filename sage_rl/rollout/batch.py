@@ -16,7 +16,7 @@ from pydantic import Field
 from sage_rl.config import Section
 from sage_rl.rollout.advantages import Baseline, compute_advantages
 from sage_rl.rollout.chain import ChainRunner, run_group
-from sage_rl.rollout.rewards import ChainOutcomes, RewardKind, compute_rewards
+from sage_rl.rollout.rewards import ChainOutcomes, RewardKind, compute_rewards, env_failed_first
 from sage_rl.skills.library import Library
 from sage_rl.types import Chain, Sample
 
@@ -48,15 +48,26 @@ def check_group_contract(groups: Sequence[Sequence[Chain]]) -> None:
             )
 
 
+def chain_rewards(chain: Chain, cfg: RolloutConfig) -> tuple[float, ...]:
+    """R of each task of ``chain`` under ``cfg``'s reward (pure; SAGE.md section 4)."""
+    return compute_rewards(cfg.reward, ChainOutcomes.from_chain(chain), cfg.no_code_reward)
+
+
 def to_samples(groups: Sequence[Sequence[Chain]], cfg: RolloutConfig) -> list[Sample]:
-    """Rewards per chain (pure), then advantages per (task sequence, position) group."""
+    """Rewards per chain (pure), then advantages per (task sequence, position) group.
+
+    A task whose environment failed before the policy's first turn says nothing about the policy
+    and has no token to train: it is left out of its group, so its 0 does not move the others'
+    baseline (the verl adapter leaves such outputs out the same way).
+    """
     items = []
     for chains in groups:
         for chain in chains:
-            rs = compute_rewards(cfg.reward, ChainOutcomes.from_chain(chain), cfg.no_code_reward)
+            rs = chain_rewards(chain, cfg)
             items += [
                 ((chain.task_ids, k), r, traj)
                 for k, (traj, r) in enumerate(zip(chain.trajectories, rs, strict=True))
+                if not env_failed_first(traj)
             ]
     adv = compute_advantages(
         [(key, r) for key, r, _ in items], cfg.baseline, cfg.normalize_std, drop_below=cfg.drop_below

@@ -78,12 +78,13 @@ class ChainOutcomes:
             successes=tuple(t.outcome.success for t in trajs),
             # An episode the environment ended before the policy's first turn is a failure
             # (score 0), not the policy's no-code failure: no penalty.
-            produced_code=tuple(t.produced_code or _env_failed_first(t) for t in trajs),
+            produced_code=tuple(t.produced_code or env_failed_first(t) for t in trajs),
             used_from=tuple(tuple(u) for u in used),
         )
 
 
-def _env_failed_first(t: Trajectory) -> bool:
+def env_failed_first(t: Trajectory) -> bool:
+    """The environment ended the episode before the policy's first turn (nothing was sampled)."""
     return t.stop is StopReason.ENV_ERROR and not t.turns
 
 
