@@ -1,19 +1,25 @@
-"""The parent side of AppWorld's worker processes (``worker.py`` under the AppWorld venv).
+"""The parent side of AppWorld's processes (``worker.py`` under the AppWorld venv).
 
-- ``Zygote``: one process per suite that has imported AppWorld; it forks a worker per connection.
-  Started synchronously (``subprocess``), so it outlives any one asyncio loop; it exits when its
-  stdin closes, so it never outlives sage-rl.
-- ``WorkerProcess``: one forked worker, talked to in JSON lines over a Unix socket. Every request
-  has a wall-clock limit; a worker that misses it (stuck in C code) or dies is killed and
-  ``WorkerTimeout`` / ``WorkerCrashed`` is raised, so the caller can fork a fresh one.
+- ``Zygote``: one process per suite that has imported AppWorld; it forks a child per connection.
+  Started synchronously (``subprocess``), with an environment of its own (nothing of the
+  parent's: API keys stay here), so it outlives any one asyncio loop; it exits when its stdin
+  closes, so it never outlives sage-rl.
+- ``WorkerProcess``: one forked child (an episode worker or an evaluator), talked to in JSON lines
+  over a Unix socket. Every request has a wall-clock limit. A worker that misses it (stuck in C
+  code) is killed; one that dies is noticed. Either way ``WorkerTimeout`` / ``WorkerCrashed`` is
+  raised, saying whether the worker's snapshot took over (``restored``): then the same
+  ``WorkerProcess`` goes on serving, in the state before the lost request.
+- ``WorkerFactory``: the zygote, started on first use, and the suite's temporary folder (the
+  zygote's socket and log, the episodes' scratch folders); ``close`` removes them all.
 
-The zygote's stderr (its workers' too) goes to a log file whose tail is quoted in errors.
+The zygote's stderr (its children's too) goes to a log file whose tail is quoted in errors.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import select
@@ -32,48 +38,76 @@ from sage_rl.integrations.appworld.paths import AppWorldPaths
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 #: One JSON answer may carry a long observation; asyncio's default line limit (64 KiB) is too small.
 _LINE_LIMIT = 64 * 1024 * 1024
+#: How long a killed worker's snapshot may take to say it took over.
+RESTORE_TIMEOUT_S = 180.0
 
 
 class WorkerError(RuntimeError):
-    """The worker answered ``ok: false`` (AppWorld raised); the process is still usable."""
+    """The child answered ``ok: false`` (AppWorld raised); ``reason`` is its one-line error."""
+
+    def __init__(self, op: str, reason: str) -> None:
+        super().__init__(f"AppWorld {op} failed: {reason}")
+        self.op, self.reason = op, reason
 
 
-class WorkerCrashed(RuntimeError):
-    """The worker process died or broke the protocol; it has been killed."""
+class WorkerLost(RuntimeError):
+    """The request's process was killed or died. ``restored``: its snapshot took over, so the
+    worker serves on in the state before the request; otherwise the worker is gone."""
+
+    def __init__(self, message: str, restored: bool) -> None:
+        super().__init__(message)
+        self.restored = restored
 
 
-class WorkerTimeout(RuntimeError):
-    """The worker did not answer in time; it has been killed."""
+class WorkerCrashed(WorkerLost):
+    """The process died, or broke the protocol and was killed."""
+
+
+class WorkerTimeout(WorkerLost):
+    """The process did not answer in time and was killed."""
 
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """Where the workers run and how long to wait for them."""
+    """Where the children run and how long to wait for them to start."""
 
     paths: AppWorldPaths
     start_timeout_s: float = 180.0
-    experiment: str = "sage-rl"  # prefix of AppWorld's experiment name (one per worker)
-    keep_outputs: bool = False  # keep AppWorld's experiment outputs folder after close
+
+
+def zygote_env(paths: AppWorldPaths, tmp: Path) -> dict[str, str]:
+    """The zygote's whole environment: AppWorld's locations and nothing of sage-rl's (where API
+    keys live). Its children's agent code sees an even smaller one (``worker.py``)."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "HOME": str(tmp / "home"),
+        "IPYTHONDIR": str(tmp / "ipython"),
+        "APPWORLD_ROOT": str(paths.root),
+        "APPWORLD_CACHE": str(paths.cache),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 class Zygote:
-    """The AppWorld process that forks workers. ``Zygote.start`` blocks for its start-up."""
+    """The AppWorld process that forks children. ``Zygote.start`` blocks for its start-up."""
 
     def __init__(self, spec: WorkerSpec, proc: subprocess.Popen, tmp: Path) -> None:
         self.spec = spec
         self._proc = proc
-        self._tmp = tmp
+        self.tmp = tmp
+        self.network = "none"
 
     @classmethod
-    def start(cls, spec: WorkerSpec) -> Zygote:
-        tmp = Path(tempfile.mkdtemp(prefix="sage-rl-appworld-"))
+    def start(cls, spec: WorkerSpec, tmp: Path) -> Zygote:
         with (tmp / "appworld.log").open("wb") as log:
             proc = subprocess.Popen(
                 [str(spec.paths.python), str(WORKER_SCRIPT), str(tmp / "zygote.sock")],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
-                env=spec.paths.env(),
+                env=zygote_env(spec.paths, tmp),
                 cwd=spec.paths.root,
                 start_new_session=True,  # a Ctrl-C meant for sage-rl does not hit AppWorld mid-write
             )
@@ -83,8 +117,9 @@ class Zygote:
         if not line:
             zygote.close()
             raise WorkerCrashed(
-                f"AppWorld zygote did not start in {spec.start_timeout_s:g} s{zygote.log_tail()}"
+                f"AppWorld zygote did not start in {spec.start_timeout_s:g} s{zygote.log_tail()}", False
             )
+        zygote.network = json.loads(line).get("network", "none")
         return zygote
 
     @property
@@ -93,17 +128,17 @@ class Zygote:
 
     @property
     def socket_path(self) -> Path:
-        return self._tmp / "zygote.sock"
+        return self.tmp / "zygote.sock"
 
     def log_tail(self, n: int = 1500) -> str:
         try:
-            text = (self._tmp / "appworld.log").read_text(errors="replace")[-n:].strip()
+            text = (self.tmp / "appworld.log").read_text(errors="replace")[-n:].strip()
         except OSError:
             return ""
         return f"; the AppWorld log ends with:\n{text}" if text else ""
 
     def close(self) -> None:
-        """Stop the zygote (running workers are unaffected) and remove its folder."""
+        """Stop the zygote; it kills its children (workers, snapshots) as it exits."""
         if self._proc.stdin:
             with contextlib.suppress(OSError):
                 self._proc.stdin.close()
@@ -114,116 +149,208 @@ class Zygote:
             self._proc.wait()
         if self._proc.stdout:
             self._proc.stdout.close()
-        shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 class WorkerProcess:
-    """One forked worker. Use ``await WorkerProcess.start(zygote)``; always ``await close()``."""
+    """One forked child. Use ``await WorkerProcess.start(zygote)``; always ``await close()``.
+
+    Requests carry an id that answers echo. A snapshot that took over announces itself; since
+    it may or may not have received the request the dead worker was given, the parent then
+    sends a ``ping`` and reads up to its answer: an answer to the request on the way means the
+    snapshot ran it, none means it was lost with the worker.
+    """
 
     def __init__(self, zygote: Zygote, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.zygote = zygote
-        self.spec = zygote.spec
         self._reader = reader
         self._writer = writer
         self._lock = asyncio.Lock()
-        self._killed = False
+        self._ids = itertools.count(1)
+        self._gone = False  # no process serves this connection any more
+        self._cancelled: int | None = None  # id of a request cancelled mid-way (its worker killed)
         self.pid = 0
+        self.group = 0  # the process group of the episode: the first worker's pid
 
     @classmethod
     async def start(cls, zygote: Zygote) -> WorkerProcess:
         if not zygote.alive:
-            raise WorkerCrashed(f"AppWorld zygote is not running{zygote.log_tail()}")
+            raise WorkerCrashed(f"AppWorld zygote is not running{zygote.log_tail()}", False)
         reader, writer = await asyncio.open_unix_connection(str(zygote.socket_path), limit=_LINE_LIMIT)
         worker = cls(zygote, reader, writer)
-        worker.pid = int((await worker._read_answer(zygote.spec.start_timeout_s, "start"))["pid"])
+        try:
+            hello = await asyncio.wait_for(worker._next_message(), zygote.spec.start_timeout_s)
+        except (TimeoutError, OSError, ValueError) as e:
+            writer.close()
+            raise WorkerCrashed(f"AppWorld worker did not start: {e!r}{zygote.log_tail()}", False) from None
+        if hello is None:
+            writer.close()
+            raise WorkerCrashed(f"AppWorld worker exited at start{zygote.log_tail()}", False)
+        worker.pid = worker.group = int(hello["pid"])
         return worker
 
     @property
     def alive(self) -> bool:
-        return self.pid > 0 and not self._killed and _pid_alive(self.pid)
-
-    @property
-    def experiment(self) -> str:
-        """AppWorld experiment name of this worker: unique, so concurrent workers running the same
-        task never share an output folder."""
-        return f"{self.spec.experiment}-{self.pid}"
+        return not self._gone and self.pid > 0 and _pid_alive(self.pid)
 
     async def request(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send one request and return its answer. Raises ``WorkerError`` when AppWorld raised,
-        ``WorkerTimeout`` / ``WorkerCrashed`` when the process had to be killed."""
+        ``WorkerTimeout`` / ``WorkerCrashed`` when the process was killed or died (see
+        ``WorkerLost.restored``)."""
+        op = str(payload.get("op", "?"))
         async with self._lock:
-            if self._killed:
-                raise WorkerCrashed(f"AppWorld worker {self.pid} was killed (timeout or cancellation)")
+            if self._cancelled is not None:
+                await self._recover()
+            if self._gone:
+                raise WorkerCrashed(f"AppWorld worker {self.pid} is gone", False)
+            rid = next(self._ids)
             try:
-                self._writer.write((json.dumps(payload) + "\n").encode())
+                self._send({**payload, "id": rid})
                 await self._writer.drain()
-            except (BrokenPipeError, ConnectionResetError):
-                await self.kill()
-                raise WorkerCrashed(
-                    f"AppWorld worker {self.pid} closed its connection{self.zygote.log_tail()}"
-                ) from None
-            try:
-                answer = await self._read_answer(timeout_s, payload.get("op", "?"))
+                answer = await self._answer(op, rid, timeout_s)
             except asyncio.CancelledError:
-                # The answer would arrive later and be taken for the next request's: the
-                # worker's state is unknown, so it goes (synchronously: we are being cancelled).
+                # The answer would arrive later and be taken for the next request's: the state is
+                # unknown, so the worker goes now (synchronously: we are being cancelled); its
+                # snapshot is awaited before the next request (``recover``).
                 self._kill_now()
+                self._cancelled = rid
                 raise
+            except (BrokenPipeError, ConnectionResetError):
+                raise self._lost(f"AppWorld worker {self.pid} closed its connection during {op}") from None
         if not answer.get("ok"):
-            raise WorkerError(f"AppWorld worker: {payload.get('op')} failed: {answer.get('error')}")
+            raise WorkerError(op, str(answer.get("error")))
         return answer
 
-    async def _read_answer(self, timeout_s: float, op: str) -> dict[str, Any]:
+    async def recover(self) -> dict[str, Any] | None:
+        """After a cancelled request: wait for the snapshot to take over. Returns the cancelled
+        request's answer if the snapshot ran it, else None (it was lost with the worker); raises
+        ``WorkerCrashed`` when no snapshot took over. A no-op (None) when nothing was cancelled."""
+        async with self._lock:
+            return await self._recover() if self._cancelled is not None else None
+
+    async def _recover(self) -> dict[str, Any] | None:
+        rid, self._cancelled = self._cancelled, None
+        if not await self._await_restore():
+            raise WorkerCrashed(f"AppWorld worker {self.pid} was killed and no snapshot took over", False)
+        return await self._sync(rid or 0)
+
+    async def _answer(self, op: str, rid: int, timeout_s: float) -> dict[str, Any]:
         try:
-            line = await asyncio.wait_for(self._reader.readline(), timeout_s)
+            message = await asyncio.wait_for(self._reply(rid), timeout_s)
         except TimeoutError:
-            await self.kill()
+            pid = self.pid
+            self._kill_now()
+            restored = await self._await_restore()
+            late = await self._sync(rid) if restored else None
+            if late is not None:
+                return late
             raise WorkerTimeout(
-                f"AppWorld worker {self.pid}: {op} took more than {timeout_s:g} s; killed"
+                f"AppWorld worker {pid}: {op} took more than {timeout_s:g} s; killed"
+                + ("; its snapshot took over" if restored else ""),
+                restored,
             ) from None
-        except (ConnectionResetError, asyncio.LimitOverrunError, ValueError) as e:
-            await self.kill()
-            raise WorkerCrashed(f"AppWorld worker {self.pid}: {op}: {e}") from None
-        if not line:
-            await self.kill()
-            raise WorkerCrashed(f"AppWorld worker {self.pid} exited during {op}{self.zygote.log_tail()}")
+        except (OSError, ValueError) as e:  # ValueError: a line beyond the limit
+            raise self._lost(f"AppWorld worker {self.pid}: {op}: {e!r}") from None
+        if message is None:
+            raise self._lost(f"AppWorld worker {self.pid} exited during {op}")
+        if message.get("restored"):
+            dead, self.pid = self.pid, int(message["pid"])
+            late = await self._sync(rid)
+            if late is not None:
+                return late
+            raise WorkerCrashed(f"AppWorld worker {dead} died during {op}; its snapshot took over", True)
+        return message
+
+    async def _reply(self, rid: int) -> dict[str, Any] | None:
+        """The answer to request ``rid``, a snapshot's announcement, or None at end of input."""
+        while (message := await self._next_message()) is not None:
+            if message.get("restored") or message.get("id") == rid:
+                return message
+        return None
+
+    async def _await_restore(self) -> bool:
+        """After the worker was killed: wait for its snapshot to say it took over. True when it
+        did (the worker serves on); False when none did (the worker is gone)."""
+        await self._wait_gone(self.pid)
         try:
-            return json.loads(line)
-        except json.JSONDecodeError:
-            await self.kill()
-            raise WorkerCrashed(f"AppWorld worker {self.pid} wrote a non-JSON line: {line[:200]!r}") from None
+            while (message := await asyncio.wait_for(self._next_message(), RESTORE_TIMEOUT_S)) is not None:
+                if message.get("restored"):  # anything before it is the killed worker's last words
+                    self.pid = int(message["pid"])
+                    return True
+        except (TimeoutError, OSError, ValueError):
+            pass
+        self._gone = True
+        self._kill_group()
+        return False
+
+    async def _sync(self, rid: int) -> dict[str, Any] | None:
+        """After a takeover: the answer to request ``rid`` if the snapshot ran it, else None."""
+        ping = next(self._ids)
+        found = None
+        try:
+            self._send({"op": "ping", "id": ping})
+            await self._writer.drain()
+            while (message := await asyncio.wait_for(self._next_message(), RESTORE_TIMEOUT_S)) is not None:
+                if message.get("id") == rid:
+                    found = message
+                elif message.get("id") == ping:
+                    return found
+        except (TimeoutError, OSError, ValueError):
+            pass
+        raise self._lost(f"AppWorld worker {self.pid} took over but does not answer")
+
+    async def _next_message(self) -> dict[str, Any] | None:
+        """The next JSON line; None at end of input. Blank and non-JSON lines (a killed worker's
+        half-written answer) are skipped."""
+        while line := await self._reader.readline():
+            with contextlib.suppress(json.JSONDecodeError):
+                message = json.loads(line)
+                if isinstance(message, dict):
+                    return message
+        return None
+
+    def _send(self, payload: dict[str, Any]) -> None:
+        self._writer.write((json.dumps(payload) + "\n").encode())
+
+    def _lost(self, message: str) -> WorkerCrashed:
+        """The connection ended or broke: nothing serves it any more. Returns the error to raise."""
+        self._gone = True
+        self._kill_group()
+        return WorkerCrashed(message + self.zygote.log_tail(), False)
 
     def _kill_now(self) -> None:
-        if self.pid > 0 and not self._killed:  # once only: a dead pid may be reused later
+        """SIGKILL the worker only: its snapshot is to take over."""
+        if self.pid > 0 and _pid_alive(self.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
-        self._killed = True
-        self._writer.close()
 
-    async def kill(self) -> None:
-        """SIGKILL the worker, wait until it is gone, drop its connection and its outputs."""
+    def _kill_group(self) -> None:
+        """SIGKILL the episode's processes: the worker, its snapshot, what its agent code forked."""
+        if self.group > 0:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.group, signal.SIGKILL)
         self._kill_now()
-        if self.pid > 0:
-            deadline = time.monotonic() + 5.0
-            while _pid_alive(self.pid) and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-        with contextlib.suppress(OSError, ConnectionError):
-            await self._writer.wait_closed()
-        if not self.spec.keep_outputs and self.pid > 0:
-            shutil.rmtree(
-                self.spec.paths.root / "experiments" / "outputs" / self.experiment, ignore_errors=True
-            )
+
+    async def _wait_gone(self, pid: int, timeout_s: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while pid > 0 and _pid_alive(pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
 
     async def close(self, timeout_s: float = 10.0) -> None:
-        """Close the world, then make sure the process is gone."""
-        if self.alive:
-            with contextlib.suppress(WorkerError, WorkerTimeout, WorkerCrashed):
+        """Ask the worker to exit, then kill what is left of its process group and drop the
+        connection."""
+        if not self._gone and self._cancelled is None and self.alive:
+            with contextlib.suppress(WorkerError, WorkerLost):
                 await self.request({"op": "close"}, timeout_s)
-        await self.kill()
+        self._gone = True
+        self._kill_group()
+        await self._wait_gone(self.pid)
+        self._writer.close()
+        with contextlib.suppress(OSError, ConnectionError):
+            await self._writer.wait_closed()
 
 
 def _pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs (the zygote reaps its workers, so a dead one vanishes)."""
+    """True while ``pid`` runs (the zygote reaps its children, so a dead one vanishes)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -233,26 +360,69 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def memory_mb(pid: int) -> dict[str, float]:
+    """RSS and PSS of a process, in MB, read from here (its own /proc is closed to it). PSS splits
+    pages shared copy-on-write with the zygote fairly; RSS counts them in full."""
+
+    def kb(name: str, key: str) -> float:
+        try:
+            with open(f"/proc/{pid}/{name}") as f:
+                return next((float(line.split()[1]) for line in f if line.startswith(key)), 0.0)
+        except OSError:
+            return 0.0
+
+    return {"rss_mb": kb("status", "VmRSS:") / 1024, "pss_mb": kb("smaps_rollup", "Pss:") / 1024, "pid": pid}
+
+
 class WorkerFactory:
-    """Forks workers from one zygote, started on first use (and again if it died)."""
+    """Forks children from one zygote, started on first use (and again if it died), and owns the
+    suite's temporary folder."""
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
         self._zygote: Zygote | None = None
+        self._tmp: Path | None = None
         self._lock = threading.Lock()  # open() may run concurrently; start one zygote only
 
+    @property
+    def tmp(self) -> Path:
+        with self._lock:
+            if self._tmp is None:
+                self._tmp = Path(tempfile.mkdtemp(prefix="sage-rl-appworld-"))
+                self._tmp.chmod(0o711)  # workers that dropped to nobody reach their scratch inside
+                (self._tmp / "episodes").mkdir(mode=0o711)
+            return self._tmp
+
     def zygote(self) -> Zygote:
+        tmp = self.tmp
         with self._lock:
             if self._zygote is None or not self._zygote.alive:
-                self._zygote = Zygote.start(self.spec)
+                if self._zygote is not None:
+                    self._zygote.close()
+                self._zygote = Zygote.start(self.spec, tmp)
             return self._zygote
 
     async def new_worker(self) -> WorkerProcess:
         return await WorkerProcess.start(await asyncio.to_thread(self.zygote))
 
+    def new_scratch(self) -> Path:
+        """A private folder for one episode worker (it hands it to its user itself)."""
+        return Path(tempfile.mkdtemp(prefix="ep-", dir=self.tmp / "episodes"))
+
+    async def run_once(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """A fresh child that answers one request (an evaluation) and is then closed."""
+        worker = await self.new_worker()
+        try:
+            return await worker.request(payload, timeout_s)
+        finally:
+            await worker.close()
+
     def close(self) -> None:
-        """Stop the zygote. Workers already forked keep running until closed."""
+        """Stop the zygote (and so every child) and remove the suite's temporary folder."""
         with self._lock:
             if self._zygote is not None:
                 self._zygote.close()
                 self._zygote = None
+            if self._tmp is not None:
+                shutil.rmtree(self._tmp, ignore_errors=True)
+                self._tmp = None

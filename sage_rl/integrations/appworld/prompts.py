@@ -1,12 +1,16 @@
 """AppWorld's versions of the agent's prompt templates (``prompts/*.j2`` beside this file).
 
 Same files and variables as ``sage_rl/agent/prompts/`` (``use_skills``, ``max_steps``,
-``example``, ``library``, ``instruction``), so ``PromptBuilder(template_dir=APPWORLD_PROMPTS)``
-renders them unchanged. The system message follows AppWorld's conventions: API discovery through
-the ``api_docs`` app, the supervisor's details and passwords through the ``supervisor`` app,
-per-app ``login`` tokens, pagination, contacts in the ``phone`` app, and
-``apis.supervisor.complete_task(answer=..., status=...)``. The task message can also name the
-supervisor (optional ``supervisor`` variable, as AppWorld's own prompts do): see ``task_messages``.
+``example``, ``library``, ``instruction``, and ``context`` where the agent's builder passes it),
+so ``PromptBuilder(template_dir=APPWORLD_PROMPTS)`` renders them unchanged. The system message
+follows AppWorld's conventions: API discovery through the ``api_docs`` app, the supervisor's
+details and passwords through the ``supervisor`` app, per-app ``login`` tokens, pagination,
+contacts in the ``phone`` app, and ``apis.supervisor.complete_task(answer=..., status=...)``.
+
+The task message names the supervisor (name, email, phone) and the world's date, as AppWorld's
+protocol does, from the ``context`` variable: a mapping with the keys ``supervisor`` and ``date``
+(``tasks.task_context``). ``task_messages`` renders it for a ``Task`` whatever the agent's builder
+passes.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 import jinja2
 
 from sage_rl.agent.prompts import PromptBuilder, WorkedExample
+from sage_rl.integrations.appworld.tasks import task_context
 from sage_rl.types import Task
 
 APPWORLD_PROMPTS = Path(__file__).parent / "prompts"
@@ -31,8 +36,8 @@ def prompt_builder(
 
 
 def task_messages(builder: PromptBuilder, task: Task, library: str = "") -> tuple[dict[str, str], ...]:
-    """[system, user] for ``task``, with the task's supervisor named in the user message (from
-    ``task.spec["supervisor"]``); otherwise the same rendering as ``builder.messages``."""
+    """[system, user] for ``task``: the user message names the task's supervisor and date
+    (``task.context`` where ``Task`` has it, else built from ``task.spec``)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(builder.template_dir)),
         undefined=jinja2.StrictUndefined,
@@ -44,7 +49,7 @@ def task_messages(builder: PromptBuilder, task: Task, library: str = "") -> tupl
         "example": builder.example,
         "library": library.strip(),
         "instruction": task.instruction.strip(),
-        "supervisor": dict(task.spec.get("supervisor") or {}),
+        "context": dict(getattr(task, "context", None) or task_context(task.spec)),
     }
     system = env.get_template("system.j2").render(**args).strip()
     user = env.get_template("task.j2").render(**args).strip()
