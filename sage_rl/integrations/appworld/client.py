@@ -335,12 +335,9 @@ class WorkerProcess:
         while pid > 0 and _pid_alive(pid) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
 
-    async def close(self, timeout_s: float = 10.0) -> None:
-        """Ask the worker to exit, then kill what is left of its process group and drop the
-        connection."""
-        if not self._gone and self._cancelled is None and self.alive:
-            with contextlib.suppress(WorkerError, WorkerLost):
-                await self.request({"op": "close"}, timeout_s)
+    async def close(self) -> None:
+        """Kill the episode's processes (the worker keeps nothing unsaved: AppWorld saves its
+        state after every cell) and drop the connection."""
         self._gone = True
         self._kill_group()
         await self._wait_gone(self.pid)

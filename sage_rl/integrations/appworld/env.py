@@ -104,17 +104,25 @@ class AppWorldEnvironment:
         return self._worker.pid if self._worker else 0
 
     async def reset(self, task: Task) -> None:
-        await self._discard()
-        self._task, self._completed = None, False
-        self._scratch = self._factory.new_scratch()
-        try:
-            self._worker = await self._factory.new_worker()
-            answer = await self._worker.request(self._reset_request(task), self.config.start_timeout_s)
-        except (WorkerError, WorkerLost) as e:
-            await self._discard()
-            raise TaskLoadError(f"AppWorld could not load task {task.task_id}: {_reason(e)}") from e
-        self._task, self._output_dir = task, Path(answer["output_dir"])
-        self.isolation = answer["isolation"]
+        """A fresh worker loads ``task``; the previous episode's processes stop meanwhile."""
+        previous = self._detach()
+        scratch = self._scratch = self._factory.new_scratch()
+        started, _ = await asyncio.gather(
+            self._start(task, scratch), self._stop(*previous), return_exceptions=True
+        )
+        if isinstance(started, BaseException):
+            await self._stop(*self._detach())
+            if isinstance(started, WorkerError | WorkerLost):
+                raise TaskLoadError(
+                    f"AppWorld could not load task {task.task_id}: {_reason(started)}"
+                ) from started
+            raise started
+        self._task, self._output_dir = task, Path(started["output_dir"])
+        self.isolation = started["isolation"]
+
+    async def _start(self, task: Task, scratch: Path) -> dict:
+        self._worker = await self._factory.new_worker()
+        return await self._worker.request(self._reset_request(task, scratch), self.config.start_timeout_s)
 
     async def execute(self, code: str, origin: str = "<cell>") -> ExecResult:
         worker = self._live()
@@ -193,7 +201,7 @@ class AppWorldEnvironment:
         return memory_mb(self._live().pid)
 
     async def close(self) -> None:
-        await self._discard()
+        await self._stop(*self._detach())
 
     @property
     def _task_id(self) -> str:
@@ -207,12 +215,12 @@ class AppWorldEnvironment:
     def _kill_after_s(self) -> float:
         return self.config.cell_timeout_s + self.config.kill_grace_s
 
-    def _reset_request(self, task: Task) -> dict:
+    def _reset_request(self, task: Task, scratch: Path) -> dict:
         return {
             "op": "reset",
             "task_id": task.task_id,
             "experiment": self.config.experiment,
-            "scratch": str(self._scratch),
+            "scratch": str(scratch),
             "data": str(self.config.paths().data),
             "cell_timeout_s": self.config.cell_timeout_s,
             "max_interactions": self.config.max_interactions,
@@ -248,11 +256,16 @@ class AppWorldEnvironment:
             ) from e
         self._completed = bool(answer["completed"])
 
-    async def _discard(self) -> None:
-        """Stop the episode's processes and remove its scratch folder."""
+    def _detach(self) -> tuple[WorkerProcess | None, Path | None]:
+        """Forget the current episode; return its worker and scratch folder, to ``_stop``."""
         worker, scratch = self._worker, self._scratch
-        self._worker = self._scratch = self._output_dir = None
-        self._cancelled = None
+        self._worker = self._scratch = self._output_dir = self._task = None
+        self._cancelled, self._completed = None, False
+        return worker, scratch
+
+    @staticmethod
+    async def _stop(worker: WorkerProcess | None, scratch: Path | None) -> None:
+        """Stop an episode's processes and remove its scratch folder."""
         if worker is not None:
             await worker.close()
         if scratch is not None:

@@ -101,7 +101,7 @@ class Episode:
         os.makedirs(root, exist_ok=True)
         if not os.path.lexists(os.path.join(root, "data")):
             os.symlink(req["data"], os.path.join(root, "data"))
-        os.environ["APPWORLD_ROOT"] = root
+        use_root(root)
         from appworld import AppWorld
 
         self.world = world = AppWorld(
@@ -208,7 +208,7 @@ def evaluate(req: dict, network: str, paths: tuple[list[str], list[str]]) -> dic
         limits = layers.Limits.from_dict({**req["limits"], "drop_user": ""})
         layers.apply(limits, dest, network, paths, [req["data"], req["source"]])
     _copy_outputs(req["source"], dest)
-    os.environ["APPWORLD_ROOT"] = dest_root
+    use_root(dest_root)
     from appworld.evaluator import evaluate_task
 
     tracker = evaluate_task(
@@ -223,6 +223,15 @@ def evaluate(req: dict, network: str, paths: tuple[list[str], list[str]]) -> dic
         "success": bool(tracker.success),
         "difficulty": tracker.difficulty,
     }
+
+
+def use_root(root: str) -> None:
+    """Point AppWorld at another root. AppWorld reads ``APPWORLD_ROOT`` at each use but caches
+    ``get_db_home_path`` by its arguments only: drop what the zygote cached for its own root."""
+    from appworld.apps.model_lib import get_db_home_path
+
+    os.environ["APPWORLD_ROOT"] = root
+    get_db_home_path.cache_clear()
 
 
 def _copy_outputs(source: str, dest: str) -> None:

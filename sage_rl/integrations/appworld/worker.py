@@ -6,8 +6,9 @@ builtins while executing (PLATFORM.md). So this file and its helpers (``episode.
 child runs; ``layers.py``; ``snapshots.py``) import only the standard library, ``appworld`` and
 the sandbox's layer modules.
 
-The *zygote* imports AppWorld and builds its API routes once (seconds), enters a new network
-namespace, and forks one child per connection to ``SOCKET`` (milliseconds). A child's first
+The *zygote* imports AppWorld, builds its API routes, imports the standard library and makes (and
+closes) one world, once (seconds); it enters a new network namespace, and forks one child per
+connection to ``SOCKET`` (milliseconds). A child's first
 request decides what it is:
 
 - an **episode worker** (``reset``): it loads one task with AppWorld, without its ground truth,
@@ -36,7 +37,8 @@ Requests (``op`` and its fields) -> answer fields (besides ``ok``):
 - ``evaluate`` task_id, experiment, source, dest_root, data, sandbox, limits -> passes,
   failures, num_tests, success, difficulty
 - ``ping`` -> (nothing: its answer tells the parent every earlier request was answered)
-- ``close`` -> (the process then exits)
+An episode worker runs until the parent kills its process group (it has nothing unsaved: AppWorld
+saves its state after every cell); an evaluator exits after its one answer.
 A failing request answers ``{"ok": false, "error": "<Type>: <message>"}``.
 """
 
@@ -44,12 +46,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import importlib
 import importlib.util
 import json
 import os
 import pkgutil
 import selectors
+import shutil
 import signal
 import socket
 import sys
@@ -95,7 +99,7 @@ def handle(episode: Episode, request: dict, network: str, paths: tuple[list[str]
             out = episode.lost(request["code"], request["output"])
         elif op == "evaluate":
             out = evaluate(request, network, paths)
-        elif op in ("ping", "close"):
+        elif op == "ping":
             out = {}
         else:
             raise ValueError(f"unknown op {op!r}")
@@ -106,7 +110,7 @@ def handle(episode: Episode, request: dict, network: str, paths: tuple[list[str]
 
 
 def serve(conn: socket.socket, network: str, paths: tuple[list[str], list[str]]) -> None:
-    """Answer requests on ``conn`` until ``close``, an evaluation, or end of input."""
+    """Answer requests on ``conn`` until an evaluation is answered or the input ends."""
     rfile, wfile = conn.makefile("r"), conn.makefile("w")
 
     def send(message: dict, lead: str = "") -> None:
@@ -121,10 +125,8 @@ def serve(conn: socket.socket, network: str, paths: tuple[list[str], list[str]])
         request = json.loads(line)
         op = request.get("op")
         answer = {**handle(episode, request, network, paths), "id": request.get("id")}
-        if op == "close":
-            episode.snapshots.discard()
         send(answer)
-        if op in ("close", "evaluate"):
+        if op == "evaluate":
             return
         if answer["ok"] and op in CHANGES_WORLD and episode.snapshots.take():
             episode.revive()  # this is the snapshot: the worker died; carry on in its place
@@ -164,6 +166,7 @@ def preload() -> None:
     """Import AppWorld and build every app's API routes (most of a world's first construction),
     and the standard library, once, in the zygote; forked children inherit it all copy-on-write."""
     import anyio.from_thread  # noqa: F401
+    import pytest  # noqa: F401 - AppWorld's evaluator imports it at its first test (0.1 s)
     from appworld.apps import get_all_apps
     from appworld.common.utils import import_apis_module
     from appworld.environment import AppWorld  # noqa: F401
@@ -173,6 +176,30 @@ def preload() -> None:
         import_apis_module(app)
     PENDING.install()
     preload_stdlib()
+
+
+def warm_up(tmp: str) -> None:
+    """Make and close one world (of the first task in the data, without its ground truth, its
+    outputs in ``tmp``): a child's first ``AppWorld(...)`` then costs what a later one does in a
+    process (IPython, pydantic and SQLAlchemy set up once, here). No thread outlives it."""
+    from appworld.environment import AppWorld
+
+    root, data = os.path.join(tmp, "warm-up"), os.path.join(os.environ["APPWORLD_ROOT"], "data")
+    try:
+        task_id = min(os.listdir(os.path.join(data, "tasks")))
+        os.makedirs(root)
+        os.symlink(data, os.path.join(root, "data"))
+        real_root = os.environ["APPWORLD_ROOT"]
+        _episode.use_root(root)
+        try:
+            AppWorld(task_id, experiment_name="warm-up", load_ground_truth=False).close()
+        finally:
+            AppWorld.close_all()
+            _episode.use_root(real_root)
+    except Exception:  # noqa: BLE001 - only an optimization: a broken task fails at its own reset
+        traceback.print_exc(file=sys.stderr)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def fork_child(conn: socket.socket, listener: socket.socket, network: str, paths) -> None:
@@ -217,6 +244,10 @@ def zygote(socket_path: str) -> None:
     protocol_out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints from AppWorld now go to stderr, not into a protocol
     preload()
+    warm_up(os.path.dirname(socket_path))
+    # Out of the collector's reach: a collection in a child would otherwise write to every
+    # preloaded object, copying the whole shared heap (half a second per reset).
+    gc.freeze()
     network, note = layers.enter_network_namespace()
     paths = layers.readable_paths()
     _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphaned snapshots come back to us
