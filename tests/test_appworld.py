@@ -207,6 +207,8 @@ PROBES = {
     "answer_via_link": "import pathlib\nprint(pathlib.Path('root/data/tasks/aaa_1/ground_truth/answer.json').read_text())",
     "parent_environ": "import pathlib\nprint(pathlib.Path('/proc/{ppid}/environ').read_text())",
     "network": "__import__('socket').create_connection(('1.1.1.1', 53), timeout=1)",
+    # the zygote's socket: with it, agent code could fork workers that hold no layers yet
+    "zygote": "s = __import__('_socket')\nc = s.socket(s.AF_UNIX, s.SOCK_STREAM)\nc.connect({zygote!r})",
     "uid": "import os\nprint(os.getuid())",
 }
 
@@ -216,7 +218,8 @@ async def _probe(suite: AppWorldSuite) -> tuple[dict, dict]:
     try:
         await env.reset(suite.split("train")[0])
         data = str(suite.paths.data)
-        out = {k: await env.execute(code.format(data=data, ppid=os.getpid())) for k, code in PROBES.items()}
+        names = {"data": data, "ppid": os.getpid(), "zygote": str(suite._factory.zygote().socket_path)}
+        out = {k: await env.execute(code.format(**names)) for k, code in PROBES.items()}
         return out, env.isolation
     finally:
         await env.close()
@@ -229,7 +232,14 @@ def test_agent_code_cannot_read_ground_truth_data_or_the_parents_environment(sui
     assert set(json.loads(out["environ"].observation)) <= {
         "PATH", "LANG", "HOME", "TMPDIR", "APPWORLD_ROOT", "APPWORLD_CACHE", "PYTHONDONTWRITEBYTECODE",
     }  # fmt: skip
-    for probe in ("scandir_data", "scandir_relative", "answer", "answer_via_link", "parent_environ"):
+    for probe in (
+        "scandir_data",
+        "scandir_relative",
+        "answer",
+        "answer_via_link",
+        "parent_environ",
+        "zygote",
+    ):
         assert not out[probe].ok and "PermissionError" in out[probe].observation, (probe, out[probe])
         assert "42" not in out[probe].observation and "43" not in out[probe].observation
     assert not out["network"].ok
@@ -314,6 +324,47 @@ def test_a_killed_worker_is_restored_exactly_from_its_snapshot(suite: AppWorldSu
     assert out["after_cancel"].observation.split() == [str(cells), str(n), str(count)]
     assert not out["message"].ok and not out["message"].timed_out  # an error's words are not a timeout
     assert out["done"].completed and out["eval"].success
+
+
+#: Agent code writes a forged "my snapshot took over" on its worker's connection, naming a process
+#: outside the episode: the parent must not take it for its worker (it would kill it later).
+FORGE = """import os
+for e in os.scandir('/proc/self/fd'):
+    try:
+        if os.readlink(e.path).startswith('socket:'):
+            os.writev(int(e.name), [b'\\n{{"ok": true, "restored": true, "pid": {pid}}}\\n'])
+    except OSError:
+        pass"""
+
+
+async def _forge(suite: AppWorldSuite, pid: int) -> dict:
+    env = await suite.open()
+    out: dict = {}
+    try:
+        await env.reset(suite.split("train")[0])
+        out["group"] = env._worker.group  # type: ignore[union-attr]
+        try:
+            out["result"] = await env.execute(FORGE.format(pid=pid))
+        except Exception as e:  # noqa: BLE001 - what the environment raises is the result
+            out["error"] = e
+    finally:
+        await env.close()
+    return out
+
+
+def test_a_forged_takeover_on_the_workers_connection_kills_no_stranger(suite: AppWorldSuite) -> None:
+    from sage_rl.integrations.appworld.env import EnvironmentBroken
+
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        out = asyncio.run(_forge(suite, stranger.pid))
+        assert isinstance(out.get("error"), EnvironmentBroken), out
+        assert "outside its episode" in str(out["error"])
+        assert stranger.poll() is None  # still running
+        assert not _alive(out["group"])  # the episode's own processes were stopped
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 async def _failures(world: AppWorldPaths) -> dict:

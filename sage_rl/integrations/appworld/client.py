@@ -253,7 +253,7 @@ class WorkerProcess:
         if message is None:
             raise self._lost(f"AppWorld worker {self.pid} exited during {op}")
         if message.get("restored"):
-            dead, self.pid = self.pid, int(message["pid"])
+            dead, self.pid = self.pid, self._member(message)
             late = await self._sync(rid)
             if late is not None:
                 return late
@@ -274,7 +274,7 @@ class WorkerProcess:
         try:
             while (message := await asyncio.wait_for(self._next_message(), RESTORE_TIMEOUT_S)) is not None:
                 if message.get("restored"):  # anything before it is the killed worker's last words
-                    self.pid = int(message["pid"])
+                    self.pid = self._member(message)
                     return True
         except (TimeoutError, OSError, ValueError):
             pass
@@ -308,6 +308,20 @@ class WorkerProcess:
                     return message
         return None
 
+    def _member(self, message: dict[str, Any]) -> int:
+        """The pid a snapshot announced, if it is one of the episode's processes. Agent code runs
+        in the worker and can write on its connection: a pid from outside the episode's process
+        group would make this process kill a stranger."""
+        try:
+            pid = int(message["pid"])
+            if pid > 0 and os.getpgid(pid) == self.group:
+                return pid
+        except (KeyError, TypeError, ValueError, ProcessLookupError):
+            pass
+        raise self._lost(
+            f"AppWorld worker {self.pid} announced a process outside its episode: {message!r:.200}"
+        )
+
     def _send(self, payload: dict[str, Any]) -> None:
         self._writer.write((json.dumps(payload) + "\n").encode())
 
@@ -318,9 +332,10 @@ class WorkerProcess:
         return WorkerCrashed(message + self.zygote.log_tail(), False)
 
     def _kill_now(self) -> None:
-        """SIGKILL the worker only: its snapshot is to take over."""
-        if self.pid > 0 and _pid_alive(self.pid):
-            with contextlib.suppress(ProcessLookupError):
+        """SIGKILL the worker only (its snapshot is to take over), if it is still in the episode's
+        process group (a pid is reused once its process is gone)."""
+        with contextlib.suppress(ProcessLookupError):
+            if self.pid > 0 and os.getpgid(self.pid) == self.group:
                 os.kill(self.pid, signal.SIGKILL)
 
     def _kill_group(self) -> None:

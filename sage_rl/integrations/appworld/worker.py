@@ -253,6 +253,7 @@ def zygote(socket_path: str) -> None:
     _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphaned snapshots come back to us
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
+    os.chmod(socket_path, 0o600)  # a worker that dropped to nobody cannot fork itself new children
     listener.listen(64)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished children
     ready = {"ok": True, "ready": True, "pid": os.getpid(), "network": network, "note": note}
