@@ -119,7 +119,8 @@ def bench(
     workdir: Path = typer.Option(None, help="Where to build the synthetic world (default: a temp dir)."),
     venv: Path = typer.Option(None, help="AppWorld virtualenv."),
 ) -> None:
-    """Time reset / execute (0, 10, 100 API calls) / evaluate on a synthetic world; print JSON."""
+    """Time reset, cells with 0/10/100 API calls, evaluation, 8 concurrent first resets and the
+    restore after a kill on a synthetic world, beside AppWorld's own in-process figures; print JSON."""
     from sage_rl.integrations.appworld.bench import run_bench
 
     try:
