@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from sage_rl.integrations.appworld.client import WorkerError, WorkerTimeout, zygote_env
+from sage_rl.integrations.appworld.client import zygote_env
 from sage_rl.integrations.appworld.config import AppWorldEnvConfig, check_policy
+from sage_rl.integrations.appworld.connection import WorkerError, WorkerTimeout
 from sage_rl.integrations.appworld.env import AppWorldSuite
 from sage_rl.integrations.appworld.installer import install_bundle, sha256_of
 from sage_rl.integrations.appworld.outputs import experiments, start_recording

@@ -31,16 +31,9 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 
-from sage_rl.integrations.appworld.client import (
-    WorkerError,
-    WorkerFactory,
-    WorkerLost,
-    WorkerProcess,
-    WorkerSpec,
-    WorkerTimeout,
-    memory_mb,
-)
+from sage_rl.integrations.appworld.client import WorkerFactory, WorkerSpec, memory_mb
 from sage_rl.integrations.appworld.config import AppWorldEnvConfig
+from sage_rl.integrations.appworld.connection import WorkerError, WorkerLost, WorkerProcess, WorkerTimeout
 from sage_rl.integrations.appworld.outputs import Recording, start_recording
 from sage_rl.integrations.appworld.paths import require_ready
 from sage_rl.integrations.appworld.prompts import APPWORLD_PROMPTS
