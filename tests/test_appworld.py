@@ -403,6 +403,28 @@ def test_reset_and_evaluation_failures_raise_clear_errors_and_close_leaves_nothi
     assert not (world.root / "experiments").exists()
 
 
+def test_reset_refuses_a_sandbox_that_leaves_the_task_data_readable(world: AppWorldPaths) -> None:
+    """The worker checks the one thing its layers must do: with reads left open (and root kept),
+    agent code could read every answer, so the reset fails and says so."""
+    from sage_rl.integrations.appworld.config import AppWorldLimits
+
+    limits = AppWorldLimits(restrict_reads=False, drop_user="")
+
+    async def reset() -> str:
+        suite = AppWorldSuite(_config(world, limits=limits))
+        try:
+            env = await suite.open()
+            with pytest.raises(TaskLoadError) as e:
+                await env.reset(suite.split("train")[0])
+            return str(e.value)
+        finally:
+            await suite.close()
+
+    message = asyncio.run(reset())
+    assert "does not hide AppWorld's task data from agent code" in message and "\n" not in message
+    assert "appworld.sandbox=false" in message
+
+
 async def _recorded_run(world: AppWorldPaths, run: Path) -> list[Path]:
     suite = AppWorldSuite(_config(world))
     suite.record_to(run)

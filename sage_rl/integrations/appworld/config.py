@@ -39,6 +39,11 @@ class AppWorldLimits(Section):
         "nobody",
         description="When sage-rl runs as root, episode workers switch to this user ('' keeps root).",
     )
+    restrict_reads: bool = Field(
+        True,
+        description="Landlock limits reads to system, Python and venv folders. Where agent code could "
+        "still read the task data, reset refuses to run (appworld.sandbox=false runs without layers).",
+    )
 
 
 class AppWorldEnvConfig(Section):

@@ -66,8 +66,10 @@ class EnvironmentBroken(AppWorldError):
     """The episode's worker is gone and could not be restored; reset or open a new environment."""
 
 
-def _reason(e: BaseException) -> str:
-    return e.reason if isinstance(e, WorkerError) else str(e)
+def _reason(e: BaseException, limit: int = 2000) -> str:
+    """The error's text on one line (a log tail, a multi-line AppWorld message)."""
+    text = e.reason if isinstance(e, WorkerError) else str(e)
+    return " | ".join(line.strip() for line in text.splitlines() if line.strip())[:limit]
 
 
 class AppWorldEnvironment:
@@ -128,7 +130,7 @@ class AppWorldEnvironment:
             raise
         except WorkerLost as e:
             if not e.restored:
-                raise EnvironmentBroken(f"AppWorld task {self._task_id}: {e}") from e
+                raise EnvironmentBroken(f"AppWorld task {self._task_id}: {_reason(e)}") from e
             what = "timed out" if isinstance(e, WorkerTimeout) else "crashed the environment"
             observation = RESTORE_NOTE.format(what=what)
             await self._record_lost(code, observation)
@@ -142,7 +144,7 @@ class AppWorldEnvironment:
                 duration_s=time.perf_counter() - t0,
             )
         except WorkerError as e:
-            raise AppWorldError(f"AppWorld task {self._task_id}: {e}") from e
+            raise AppWorldError(f"AppWorld task {self._task_id}: {_reason(e)}") from e
         self._completed = bool(answer["completed"])
         return ExecResult(
             observation=answer["output"],
@@ -231,7 +233,9 @@ class AppWorldEnvironment:
         try:
             answer = await self._live().recover()
         except WorkerLost as e:
-            raise EnvironmentBroken(f"AppWorld task {self._task_id} could not be restored: {e}") from e
+            raise EnvironmentBroken(
+                f"AppWorld task {self._task_id} could not be restored: {_reason(e)}"
+            ) from e
         if answer is None:
             await self._record_lost(code, RESTORE_NOTE.format(what=CANCELLED))
         else:

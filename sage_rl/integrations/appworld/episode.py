@@ -135,10 +135,22 @@ class Episode:
         }
 
     def _isolate(self, req: dict) -> dict:
+        """Apply the layers, then check the one thing they must do here: the task data (every
+        task's ground truth) is out of reach. Raises when it is not (e.g. no Landlock)."""
         limits = layers.Limits.from_dict(req["limits"])
         _give_to(req["scratch"], limits.drop_user)
         _scrub_environment(req["scratch"], os.path.join(req["scratch"], "root"))
-        return layers.apply(limits, req["scratch"], self.network, self.paths, [])
+        report = layers.apply(limits, req["scratch"], self.network, self.paths, [])
+        try:
+            os.listdir(os.path.join(req["data"], "tasks"))
+        except PermissionError:
+            return report
+        layers_seen = ", ".join(f"{k}={report.get(k)}" for k in ("filesystem", "user", "network"))
+        raise RuntimeError(
+            f"the sandbox does not hide AppWorld's task data from agent code here ({layers_seen}; "
+            f"{'; '.join(report.get('notes', [])) or 'no note'}): agent code could read every answer. "
+            "Run where Landlock is available, or set appworld.sandbox=false to run without isolation"
+        )
 
     def execute(self, code: str) -> dict:
         world = self._live()
