@@ -240,7 +240,7 @@ def kill_children() -> None:
 def zygote(socket_path: str) -> None:
     """Preload AppWorld, enter a new network namespace, listen on ``socket_path`` and fork one
     child per connection. Says ``ready`` on stdout once listening; when its stdin closes (its
-    parent is gone or closed the suite) it kills its children and exits."""
+    parent is gone or closed the suite) it kills its children, removes its folder and exits."""
     protocol_out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints from AppWorld now go to stderr, not into a protocol
     preload()
@@ -268,6 +268,9 @@ def zygote(socket_path: str) -> None:
                 fork_child(conn, listener, network, paths)
             elif not os.read(sys.stdin.fileno(), 4096):
                 kill_children()
+                # Its folder holds only its socket, its log and its children's scratch: gone
+                # even when sage-rl was killed and could not remove it.
+                shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)
                 os._exit(0)
 
 
