@@ -6,8 +6,10 @@ Prints one JSON object (seconds, plus milliseconds for reading). Run:
 PocketWorld is measured twice: through the sandbox (the default executor: a forked worker per
 episode, API calls over a socket) and in-process. Where the AppWorld virtualenv exists
 (``scripts/setup_appworld.sh``), the same figures are measured on a synthetic AppWorld world through
-sage-rl's AppWorld environment, and ``ratio_appworld_over_pocketworld`` divides AppWorld's medians by
-the sandboxed PocketWorld's (target: >= 10 for reset and cell overhead). ``--no-appworld`` skips it.
+sage-rl's AppWorld environment (``out["appworld"]``, from ``sage_rl.integrations.appworld.bench``:
+with AppWorld's own in-process figures measured in the same run, ``["native"]``, and sage-rl's
+over them, ``["ratio_over_native"]``), and ``ratio_appworld_over_pocketworld`` divides AppWorld's
+medians by the sandboxed PocketWorld's. ``--no-appworld`` skips it.
 """
 
 from __future__ import annotations

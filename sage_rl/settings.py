@@ -72,6 +72,17 @@ class RunConfig(Section):
     seed: int = 0
 
     @model_validator(mode="after")
+    def _policy_can_act(self) -> RunConfig:
+        if self.env == "appworld":
+            from sage_rl.integrations.appworld.config import SetupError, check_policy
+
+            try:
+                check_policy(self.policy.kind)
+            except SetupError as e:  # a config error: named at load, before anything starts
+                raise ValueError(str(e)) from None
+        return self
+
+    @model_validator(mode="after")
     def _known_splits(self) -> RunConfig:
         """A split typo fails here, at load, before any model is loaded (issue 11)."""
         known = known_splits(self.env)
@@ -110,6 +121,12 @@ class TrainConfig(RunConfig, LoopConfig):
         return [("rollout.split", self.rollout.split), ("eval.split", self.eval.split)]
 
     @model_validator(mode="after")
+    def _not_on_test_data(self) -> TrainConfig:
+        if self.env == "appworld":
+            self.appworld.check_training_split(self.rollout.split)
+        return self
+
+    @model_validator(mode="after")
     def _groups_compare(self) -> TrainConfig:
         if self.rollout.group_size < 2:
             raise ValueError(
@@ -132,6 +149,13 @@ class CollectConfig(RunConfig, CollectSettings):
 
     def splits(self) -> list[tuple[str, str]]:
         return [("split", self.split)]
+
+    @model_validator(mode="after")
+    def _not_on_test_data(self) -> CollectConfig:
+        """Expert data for SFT from a test split contaminates it as training on it would."""
+        if self.env == "appworld":
+            self.appworld.check_training_split(self.split)
+        return self
 
     def identity(self) -> dict[str, Any]:
         """The settings that decide what a (scenario, temperature) job produces and keeps.

@@ -7,12 +7,22 @@ import random
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from sage_rl.integrations.appworld.config import AppWorldEnvConfig
+from sage_rl.integrations.appworld.client import zygote_env
+from sage_rl.integrations.appworld.config import AppWorldEnvConfig, check_policy
+from sage_rl.integrations.appworld.connection import WorkerError, WorkerTimeout
 from sage_rl.integrations.appworld.env import AppWorldSuite
 from sage_rl.integrations.appworld.installer import install_bundle, sha256_of
+from sage_rl.integrations.appworld.outputs import experiments, start_recording
 from sage_rl.integrations.appworld.paths import AppWorldPaths, SetupError, appworld_data_status
-from sage_rl.integrations.appworld.tasks import load_split, parse_task_id, sample_chain
+from sage_rl.integrations.appworld.tasks import (
+    filter_tasks,
+    load_split,
+    parse_task_id,
+    sample_chain,
+    task_context,
+)
 
 
 def _fake_venv(tmp: Path) -> Path:
@@ -26,23 +36,25 @@ def _fake_venv(tmp: Path) -> Path:
     return venv
 
 
-def _write_data(root: Path, splits: dict[str, list[str]]) -> None:
+def _write_data(root: Path, splits: dict[str, list[str]], difficulty: dict[str, int] | None = None) -> None:
+    """Task folders for ``splits``; every task has difficulty 2 unless ``difficulty`` says."""
     data = root / "data"
-    (data / "api_docs").mkdir(parents=True)
-    (data / "datasets").mkdir()
+    (data / "api_docs").mkdir(parents=True, exist_ok=True)
+    (data / "datasets").mkdir(exist_ok=True)
     for split, ids in splits.items():
         (data / "datasets" / f"{split}.txt").write_text("".join(f"{i}\n" for i in ids))
         for tid in ids:
             tid = tid.split(":")[0]
             folder = data / "tasks" / tid
-            (folder / "ground_truth").mkdir(parents=True)
+            (folder / "ground_truth").mkdir(parents=True, exist_ok=True)
             specs = {
                 "instruction": f"do {tid}",
                 "supervisor": {"first_name": "Ada"},
                 "datetime": "2023-05-18T12:00:00",
             }
             (folder / "specs.json").write_text(json.dumps(specs))
-            (folder / "ground_truth" / "metadata.json").write_text(json.dumps({"difficulty": 2}))
+            level = (difficulty or {}).get(tid, 2)
+            (folder / "ground_truth" / "metadata.json").write_text(json.dumps({"difficulty": level}))
 
 
 def test_parse_task_id() -> None:
@@ -122,7 +134,8 @@ def test_sha256_of_matches_hashlib_on_known_input(tmp_path: Path) -> None:
 
 
 def test_appworld_prompts_render_with_the_agents_builder_and_name_the_supervisor() -> None:
-    from sage_rl.integrations.appworld.prompts import prompt_builder, task_messages
+    from sage_rl.integrations.appworld.prompts import prompt_builder
+    from sage_rl.integrations.appworld.tasks import task_context
     from sage_rl.types import Task
 
     builder = prompt_builder(use_skills=True, max_steps=12)
@@ -132,22 +145,22 @@ def test_appworld_prompts_render_with_the_agents_builder_and_name_the_supervisor
     assert "apis.supervisor.complete_task" in system["content"] and "at most 12 steps" in system["content"]
     assert "# Skills" in system["content"]
     assert "def play(q)" in user["content"] and user["content"].endswith("Play my queue.")
-    assert "supervisor is" not in user["content"]  # no supervisor given: the line is left out
+    assert "supervisor" not in user["content"] and "About this task" not in user["content"]  # none given
 
-    task = Task(
-        "abc_1",
-        "abc",
-        1,
-        "Play my queue.",
-        "dev",
-        env="appworld",
-        spec={
-            "supervisor": {"first_name": "Ada", "last_name": "L", "email": "a@x.org", "phone_number": "555"}
-        },
+    spec = {
+        "supervisor": {"first_name": "Ada", "last_name": "L", "email": "a@x.org", "phone_number": "555"},
+        "datetime": "2023-05-18T12:00:00",
+    }
+    task = Task("abc_1", "abc", 1, "Play my queue.", "dev", env="appworld", context=task_context(spec))
+    _, user2 = prompt_builder(use_skills=False).messages(task)
+    assert (
+        'Your supervisor, the "I" and "me" of the task, is Ada L (email a@x.org, phone 555).'
+        in user2["content"]
     )
-    _, user2 = task_messages(prompt_builder(use_skills=False), task)
-    assert "Your supervisor is Ada L (email a@x.org, phone 555)." in user2["content"]
-    assert "# Skill library" not in user2["content"]
+    assert "it is now Thursday, 2023-05-18, 12:00." in user2["content"]  # 18 May 2023 was a Thursday
+    assert "# Skill library" not in user2["content"] and user2["content"].endswith(
+        "# Your task\nPlay my queue."
+    )
 
 
 @pytest.mark.parametrize("name", ["appworld_eval", "appworld_collect"])
@@ -168,3 +181,101 @@ def test_appworld_templates_mirror_the_agents_template_files() -> None:
 
     names = {p.name for p in DEFAULT_TEMPLATES.glob("*.j2")}
     assert names and names == {p.name for p in APPWORLD_PROMPTS.glob("*.j2")}
+
+
+def test_task_context_is_what_appworlds_protocol_tells_the_agent(tmp_path: Path) -> None:
+    spec = {
+        "supervisor": {
+            "first_name": "Ada",
+            "last_name": "Lovelace",
+            "email": "a@x.org",
+            "phone_number": "555",
+        },
+        "datetime": "2023-05-18T12:00:00",
+    }
+    assert task_context(spec) == {
+        "supervisor": "Ada Lovelace (email a@x.org, phone 555)",
+        "date": "Thursday, 2023-05-18, 12:00",
+    }
+    assert task_context({"supervisor": {"first_name": "Ada"}, "datetime": "soon"}) == {
+        "supervisor": "Ada",
+        "date": "soon",
+    }
+    assert task_context({}) == {}
+    _write_data(tmp_path, {"dev": ["aaa_1"]})
+    task = load_split(tmp_path / "data", "dev")[0]
+    assert task.spec["supervisor"] == {"first_name": "Ada"} and task.spec["datetime"] == "2023-05-18T12:00:00"
+    if hasattr(task, "context"):  # Task.context: what the agent's prompt builder renders
+        assert task.context == {"supervisor": "Ada", "date": "Thursday, 2023-05-18, 12:00"}
+
+
+def test_difficulty_and_tasks_per_scenario_filters_follow_appworld(tmp_path: Path) -> None:
+    ids = ["aaa_1", "aaa_2", "aaa_3", "bbb_1", "bbb_2", "bbb_3", "ccc_1", "ccc_2"]
+    _write_data(tmp_path, {"dev": ids}, difficulty={"bbb_1": 3, "bbb_2": 3, "bbb_3": 3})
+    tasks = load_split(tmp_path / "data", "dev")
+
+    def names(ts):
+        return [t.task_id for t in ts]
+
+    assert names(filter_tasks(tasks)) == ids
+    assert names(filter_tasks(tasks, [3])) == ["bbb_1", "bbb_2", "bbb_3"]
+    assert names(filter_tasks(tasks, [1])) == []
+    assert names(filter_tasks(tasks, [], 1)) == ["aaa_1", "bbb_1", "ccc_1"]
+    assert names(filter_tasks(tasks, [2], 2)) == ["aaa_1", "aaa_2", "ccc_1", "ccc_2"]
+    with pytest.raises(SetupError, match=r"scenario ccc has tasks \[1, 2\], not \[1, 2, 3\]"):
+        filter_tasks(tasks, [], 3)
+    config = AppWorldEnvConfig(venv=str(_fake_venv(tmp_path)), root=str(tmp_path), difficulties=[3])
+    assert names(AppWorldSuite(config).split("dev")) == ["bbb_1", "bbb_2", "bbb_3"]
+    with pytest.raises(ValidationError):
+        AppWorldEnvConfig(difficulties=[4])
+
+
+def test_training_on_a_test_split_is_refused_unless_the_risk_is_accepted() -> None:
+    config = AppWorldEnvConfig()
+    for split in ("train", "dev"):
+        config.check_training_split(split)
+    for split in ("test_normal", "test_challenge"):
+        with pytest.raises(ValueError, match="contaminates them") as e:
+            config.check_training_split(split)
+        assert "appworld.allow_test_contamination=true" in str(e.value) and "\n" not in str(e.value)
+        AppWorldEnvConfig(allow_test_contamination=True).check_training_split(split)
+
+
+def test_the_scripted_policy_is_refused_on_appworld_in_one_sentence() -> None:
+    with pytest.raises(SetupError, match="there is no AppWorld expert") as e:
+        check_policy("scripted")
+    assert "\n" not in str(e.value)
+    for kind in ("openai", "transformers"):
+        check_policy(kind)
+
+
+def test_run_outputs_are_named_as_appworlds_leaderboard_expects(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError):
+        AppWorldEnvConfig(experiment="My Run")  # AppWorld's leaderboard: lowercase, no spaces
+    data = tmp_path / "data"
+    (data / "datasets").mkdir(parents=True)
+    for split in ("train", "dev", "test_normal", "test_challenge"):
+        (data / "datasets" / f"{split}.txt").write_text("")
+    rec = start_recording(tmp_path / "run", data, "sage-rl", variant="Query N-gram")
+    assert rec.root == (tmp_path / "run" / "appworld").resolve() and (rec.root / "data").resolve() == data
+    assert rec.experiment("test_normal") == "sage-rl-query-n-gram_test_normal"
+    again = start_recording(tmp_path / "run", data, "sage-rl")  # idempotent; no variant
+    for split in ("test_normal", "dev"):
+        (again.outputs / again.experiment(split) / "tasks").mkdir(parents=True)
+    (rec.outputs / "stray" / "tasks").mkdir(parents=True)  # names no split: ignored
+    assert experiments(rec.root) == [("sage-rl_dev", "dev"), ("sage-rl_test_normal", "test_normal")]
+
+
+def test_worker_errors_read_as_one_line_and_the_zygote_gets_no_parent_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    e = WorkerError("reset", "Exception: The database version of the task (0.0.1) is not compatible")
+    assert (
+        str(e)
+        == "AppWorld reset failed: Exception: The database version of the task (0.0.1) is not compatible"
+    )
+    assert not WorkerTimeout("took too long", restored=False).restored
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    env = zygote_env(AppWorldPaths(venv=tmp_path / "v", root=tmp_path / "r"), tmp_path)
+    assert "OPENAI_API_KEY" not in env and "sk-secret" not in env.values()
+    assert env["APPWORLD_ROOT"] == str(tmp_path / "r")

@@ -104,7 +104,7 @@ def test_split_typos_fail_at_load_for_every_command(command):
     with pytest.raises(ConfigError, match=r"split='trian' is not a split of pocketworld"):
         load_config(model, None, ["split=trian"])
     with pytest.raises(ConfigError, match=r"split='trian' is not a split of appworld"):
-        load_config(model, None, ["env=appworld", "split=trian"])
+        load_config(model, None, ["env=appworld", "policy.kind=openai", "split=trian"])
     assert load_config(model, None, ["split=test_normal"]).split == "test_normal"
 
 
@@ -121,3 +121,17 @@ def test_a_split_typo_stops_train_before_the_model_loads(tmp_path):
     )
     assert proc.returncode == 2 and "rollout.split='trian' is not a split" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_appworld_refuses_the_scripted_expert_and_training_on_test_splits_at_load():
+    from sage_rl.settings import CollectConfig, EvalRunConfig, TrainConfig
+
+    with pytest.raises(ConfigError, match=r"policy\.kind=scripted is PocketWorld's scripted expert"):
+        load_config(EvalRunConfig, None, ["env=appworld", "policy.kind=scripted"])
+    for model, key in ((TrainConfig, "rollout.split"), (CollectConfig, "split")):
+        extra = ["policy.kind=openai"] if model is CollectConfig else []
+        with pytest.raises(ConfigError, match=r"split=test_normal is one of AppWorld's test splits"):
+            load_config(model, None, ["env=appworld", f"{key}=test_normal", *extra])
+        flag = "appworld.allow_test_contamination=true"
+        assert load_config(model, None, ["env=appworld", f"{key}=test_normal", flag, *extra])
+    assert load_config(EvalRunConfig, None, ["env=appworld", "split=test_normal"]).split == "test_normal"

@@ -59,6 +59,10 @@ class OneEnvSuite:
     async def open(self):
         return self.env
 
+    def record_to(self, run_dir, variant=None):
+        self.recorded = [*getattr(self, "recorded", []), (run_dir, variant)]
+        return run_dir
+
     async def close(self):
         pass
 
@@ -334,3 +338,17 @@ def test_group_contract_violation_is_caught():
     assert c.trajectories[0].library_in == a.trajectories[0].library_in == ()
     with pytest.raises(AssertionError, match="start libraries"):
         check_group_contract([[a, c]])
+
+
+def test_run_eval_asks_the_suite_to_keep_its_own_outputs_per_strategy(tmp_path):
+    from sage_rl.eval.runner import EvalConfig, run_eval
+
+    suite = OneEnvSuite(FakeEnv())
+    runner = _runner(ScriptPolicy(["```python\ncomplete()\n```"]), suite)
+    asyncio.run(run_eval(runner, EvalConfig(split="dev"), record_dir=tmp_path))
+    assert suite.recorded == [(tmp_path, None)]  # one strategy: no variant
+    cfg = EvalConfig(split="dev", strategies=["same_scenario", "bm25"])
+    asyncio.run(run_eval(runner, cfg, record_dir=tmp_path))
+    assert suite.recorded[1:] == [(tmp_path, "same_scenario"), (tmp_path, "bm25")]
+    asyncio.run(run_eval(runner, cfg))  # no folder: nothing recorded
+    assert len(suite.recorded) == 3

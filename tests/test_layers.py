@@ -56,23 +56,26 @@ def height(module: str) -> int:
     return best[1]
 
 
+def _ours(name: str) -> bool:
+    return name == "sage_rl" or name.startswith("sage_rl.")
+
+
 def imported(module: str) -> set[str]:
     """The sage_rl modules ``module`` imports anywhere in its source."""
     source = Path(importlib.util.find_spec(module).origin)
     out = set()
     for node in ast.walk(ast.parse(source.read_text(), str(source))):
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.startswith("sage_rl")}
-        elif (
-            isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("sage_rl")
-        ):
+            out |= {a.name for a in node.names if _ours(a.name)}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and _ours(node.module or ""):
             out.add(node.module)
     return out
 
 
-#: Modules that need a separate virtualenv's packages (verl's own, scripts/setup_verl.sh): their
-#: imports are still read from source below; importing them is tested in that venv.
-OWN_VENV = ("sage_rl.integrations.verl",)
+#: Modules that run only in a separate virtualenv (verl's, scripts/setup_verl.sh; AppWorld's
+#: episode worker, loaded by its own processes): their imports are still read from source below;
+#: importing them is tested where they run.
+OWN_VENV = {"sage_rl.integrations.verl": "verl", "sage_rl.integrations.appworld.episode": "appworld"}
 
 
 def test_every_module_belongs_to_a_layer_and_imports():
@@ -80,7 +83,7 @@ def test_every_module_belongs_to_a_layer_and_imports():
         height(m)
         if m.endswith("__main__"):  # __main__ runs the command line
             continue
-        if m.startswith(OWN_VENV) and importlib.util.find_spec("verl") is None:
+        if any(m.startswith(p) and importlib.util.find_spec(d) is None for p, d in OWN_VENV.items()):
             continue
         importlib.import_module(m)
 

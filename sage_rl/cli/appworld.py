@@ -1,4 +1,5 @@
-"""``sage-rl appworld setup | status | bench``: AppWorld's separate environment and data."""
+"""``sage-rl appworld setup | status | evaluate | bench``: AppWorld's separate environment and data,
+and AppWorld's own evaluation report of a sage-rl run."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ import typer
 from rich.console import Console
 
 from sage_rl.integrations.appworld.config import AppWorldEnvConfig
-from sage_rl.integrations.appworld.paths import DATA_BUNDLE_SHA256, SetupError, appworld_data_status
+from sage_rl.integrations.appworld.paths import (
+    DATA_BUNDLE_SHA256,
+    SetupError,
+    appworld_data_status,
+    venv_status,
+)
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 _err = Console(stderr=True, soft_wrap=True)  # one message, one line, even in CI logs
@@ -74,12 +80,47 @@ def status(
 
 
 @app.command()
+def evaluate(
+    run_dir: Path = typer.Argument(
+        ..., help="A sage-rl run folder: the out_dir of `sage-rl eval env=appworld`."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON list (one object per experiment)."),
+    venv: Path = typer.Option(None, help="AppWorld virtualenv."),
+    sandbox: bool = typer.Option(True, help="Evaluate under the sandbox's layers (--no-sandbox to debug)."),
+) -> None:
+    """AppWorld's own evaluation report of a sage-rl run: `appworld evaluate EXPERIMENT SPLIT` on
+    every experiment the run kept under RUN_DIR/appworld (a partial split: its tasks only)."""
+    from sage_rl.integrations.appworld.outputs import evaluate_run
+
+    paths = _paths(venv, None)
+    ok, msg = venv_status(paths)
+    if not ok:
+        _err.print(f"[red]{msg}[/red]")
+        raise typer.Exit(1)
+    try:
+        with _err.status("AppWorld evaluation"):
+            reports = evaluate_run(run_dir, paths, sandbox=sandbox)
+    except SetupError as e:
+        _err.print(f"[red]{e}[/red]")
+        raise typer.Exit(1) from None
+    if as_json:
+        print(json.dumps(reports))
+        return
+    for r in reports:
+        folder = Path(run_dir) / "appworld" / "experiments" / "outputs" / r["experiment"] / "evaluations"
+        print(f"== AppWorld experiment {r['experiment']} (split {r['split']}) ==")
+        print(r["output"].strip())
+        print(f"(saved in {folder})\n")
+
+
+@app.command()
 def bench(
     repeats: int = typer.Option(5, min=1, help="Repeats of each timed operation."),
     workdir: Path = typer.Option(None, help="Where to build the synthetic world (default: a temp dir)."),
     venv: Path = typer.Option(None, help="AppWorld virtualenv."),
 ) -> None:
-    """Time reset / execute (0, 10, 100 API calls) / evaluate on a synthetic world; print JSON."""
+    """Time reset, cells with 0/10/100 API calls, evaluation, 8 concurrent first resets and the
+    restore after a kill on a synthetic world, beside AppWorld's own in-process figures; print JSON."""
     from sage_rl.integrations.appworld.bench import run_bench
 
     try:

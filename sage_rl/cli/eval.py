@@ -41,4 +41,4 @@ async def evaluate(cfg: EvalRunConfig) -> EvalResult:
     async with open_suite(cfg, split=cfg.split) as suite:
         runner = build_runner(cfg, build_policy(cfg), suite)
         with progress() as bar:
-            return await run_eval(runner, cfg, progress=bar)
+            return await run_eval(runner, cfg, progress=bar, record_dir=Path(cfg.out_dir))

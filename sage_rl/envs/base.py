@@ -72,6 +72,12 @@ class Suite(Protocol):
         """A new live environment (its own sandbox worker / world process)."""
         ...
 
+    def record_to(self, run_dir: Path, variant: str | None = None) -> Path | None:
+        """From now on, keep the environment's own per-task outputs of evaluated episodes under
+        ``run_dir`` (AppWorld: the layout its evaluator reads), as ``variant`` when several runs
+        share the folder. Returns where they go, or None when the environment has none to keep."""
+        ...
+
     async def close(self) -> None:
         """Release what the suite holds (worker zygotes, temporary folders). Environments it
         opened must be closed first."""

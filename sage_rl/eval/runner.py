@@ -13,6 +13,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from itertools import groupby
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -63,12 +64,19 @@ class EvalResult:
 
 
 async def run_eval(
-    runner: ChainRunner, cfg: EvalConfig, step: int = 0, progress: Any = None, label: str = ""
+    runner: ChainRunner,
+    cfg: EvalConfig,
+    step: int = 0,
+    progress: Any = None,
+    label: str = "",
+    record_dir: Path | None = None,
 ) -> EvalResult:
     """Evaluate ``runner``'s policy on ``cfg.split`` of its suite, once per retrieval strategy.
 
     ``progress`` is a rich ``Progress`` (one bar per strategy, labelled ``label + strategy``);
-    ``step`` is the training step recorded in the provenance of skills saved meanwhile.
+    ``step`` is the training step recorded in the provenance of skills saved meanwhile;
+    ``record_dir``: the suite keeps its own per-task outputs there (``Suite.record_to``), one
+    variant per strategy when there are several.
     """
     scenarios = scenarios_of(runner.suite.split(cfg.split))[: cfg.limit_scenarios]
     tasks = [t for s in scenarios for t in s]
@@ -76,6 +84,8 @@ async def run_eval(
     t0 = time.perf_counter()
     metrics, chains = {}, {}
     for strategy in cfg.strategies:
+        if record_dir is not None:
+            runner.suite.record_to(record_dir, strategy if len(cfg.strategies) > 1 else None)
         on_done = None
         if progress is not None:
             job = progress.add_task(f"{label}{strategy}: scenarios", total=len(scenarios))

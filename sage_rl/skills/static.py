@@ -14,12 +14,14 @@ task defined, or to something else. The rules (docs/skills.md, "Static detection
   transitive through library skills and through the task's own functions; names local to the
   function (parameters, assignments, nested defs) never resolve to globals;
 - a function that is defined but never called contributes nothing, wherever the call sits inside
-  it (nested defs run only if the enclosing body calls them by name);
+  it (nested defs run only if a body that runs calls them by name: the enclosing function's, or
+  a sibling nested def's that is itself called);
 - decorators and default values execute at definition time, so ``@skill`` counts as a call;
 - calling a class runs its ``__init__``; methods are attribute calls and are not followed;
 - every branch of ``if``/``try``/loops is assumed to run once, in source order, and a cell that
   failed part-way is assumed to have run entirely (the failing line is not known statically);
-  ``lambda`` bodies never run; cells with syntax errors run nothing.
+  ``lambda`` bodies never run (``g = lambda: skill()`` is not a use, even if ``g`` is called
+  later); cells with syntax errors run nothing.
 """
 
 from __future__ import annotations
@@ -141,22 +143,30 @@ class CallSimulator:
 
 
 def global_calls(
-    fn: FunctionNode, enclosing: frozenset[str] = frozenset(), seen: set[int] | None = None
+    fn: FunctionNode,
+    enclosing: frozenset[str] = frozenset(),
+    seen: set[int] | None = None,
+    outer_defs: Mapping[str, FunctionNode] | None = None,
 ) -> set[str]:
-    """Global names that calling ``fn`` calls, following nested defs that its body calls."""
+    """Global names that calling ``fn`` calls, following the nested defs that its body calls
+    (its own, and those of enclosing functions it can see: a sibling helper counts when called)."""
     seen = set() if seen is None else seen
     seen.add(id(fn))
-    local = local_names(fn) | enclosing
-    nested = {
+    own = local_names(fn)
+    own_defs = {
         s.name: s for s in _scope_nodes(fn.body) if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)
     }
+    shadowed = own - own_defs.keys()  # bound here by something else than a def: hides outer defs
+    defs = {k: v for k, v in (outer_defs or {}).items() if k not in shadowed} | own_defs
+    local = own | enclosing
     result: set[str] = set()
     for n in _scope_nodes(fn.body):
         if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Name)):
             continue
         name = n.func.id
-        if name in nested and id(nested[name]) not in seen:
-            result |= global_calls(nested[name], frozenset(local), seen)
+        if name in defs and name not in shadowed:
+            if id(defs[name]) not in seen:
+                result |= global_calls(defs[name], frozenset(local), seen, defs)
         elif name not in local:
             result.add(name)
     return result
@@ -191,12 +201,14 @@ def bound_names(node: ast.AST, deep: bool = True) -> set[str]:
 
 def scope_walk(node: ast.AST) -> Iterator[ast.AST]:
     """Like ``ast.walk`` but does not enter function, lambda or class bodies (they run later or
-    elsewhere); a def's decorators and defaults, which run now, are entered."""
+    elsewhere); a def's decorators and defaults, which run now, are entered. A class body runs
+    when the class statement does, so a class given as ``node`` itself is entered; a lambda never
+    is, even as ``node`` (evaluating ``lambda: f()`` does not call ``f``)."""
     todo = [node]
     while todo:
         n = todo.pop()
         yield n
-        if isinstance(n, _SCOPES) and n is not node:
+        if isinstance(n, _SCOPES) and (n is not node or not isinstance(n, ast.ClassDef)):
             todo.extend(_definition_time_parts(n))
         else:
             todo.extend(reversed(list(ast.iter_child_nodes(n))))

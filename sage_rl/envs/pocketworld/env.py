@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from pathlib import Path
 
 from sage_rl.envs.pocketworld import tasks
 from sage_rl.envs.pocketworld.executor import IN_PROCESS, Executor, Executors
@@ -89,6 +90,10 @@ class PocketWorldSuite:
 
     async def open(self) -> PocketWorldEnv:
         return PocketWorldEnv(self._executors)
+
+    def record_to(self, run_dir: Path, variant: str | None = None) -> None:
+        """PocketWorld keeps nothing beyond sage-rl's own trajectories."""
+        return None
 
     async def close(self) -> None:
         """Nothing to release (environments are closed by whoever opened them)."""

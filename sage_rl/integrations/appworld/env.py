@@ -1,11 +1,11 @@
-"""AppWorld as a sage-rl ``Suite`` and ``Environment`` (issue 8).
+"""AppWorld as a sage-rl ``Suite`` and ``Environment`` (issues 8 and 14).
 
-Each open ``AppWorldEnvironment`` owns one worker process (one live ``AppWorld``), reused across
-the episodes it is reset to; concurrency comes from opening several. Workers are forked from one
-per-suite zygote that has already imported AppWorld (``worker.py``). In the worker:
-reset -> ``AppWorld(task_id)``, execute -> ``world.execute(code)``, completion ->
-``world.task_completed()``, evaluation -> AppWorld's own evaluator (score = fraction of its tests
-passed, success = all passed).
+Each episode runs in its own worker process, forked from the suite's AppWorld zygote at
+``reset`` (``worker.py``): reset -> ``AppWorld(task_id)`` without the ground truth, then the
+sandbox's layers; execute -> ``world.execute(code)``; completion -> ``world.task_completed()``.
+Evaluation runs in another process, which copies the state AppWorld saved after the last cell and
+scores it with AppWorld's own evaluator (score = fraction of its tests passed, success = all
+passed): the ground truth never enters the process that runs agent code.
 
 What differs from PocketWorld:
 - ``reports_calls`` is False: AppWorld's interpreter cannot report which functions were called, so
@@ -13,57 +13,82 @@ What differs from PocketWorld:
   bound to a new function object by the cell.
 - ``origin`` is ignored: AppWorld compiles cells itself.
 - A cell that outlives AppWorld's own alarm plus a grace period (stuck in C code) gets its worker
-  killed. A freshly forked worker reloads the task and replays the episode's earlier cells, which rebuilds
-  the same state because AppWorld's clock is frozen and its random seed fixed; the stuck cell's
-  partial effects are lost, and the observation says so.
+  killed; the snapshot the worker forked after its previous cell takes over, so the world is
+  exactly as it was before that cell (nothing is replayed), and the observation says so.
+
+Failures of the environment itself are specific exceptions with one-line messages, and leave no
+process or folder behind: ``TaskLoadError`` (reset), ``EvaluationError``, ``EnvironmentBroken``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
+import shutil
 import time
+import uuid
+import weakref
+from collections.abc import Callable
+from pathlib import Path
 
-from sage_rl.integrations.appworld.client import (
-    WorkerCrashed,
-    WorkerError,
-    WorkerFactory,
-    WorkerProcess,
-    WorkerSpec,
-    WorkerTimeout,
-)
+from sage_rl.integrations.appworld.client import WorkerFactory, WorkerSpec, memory_mb
 from sage_rl.integrations.appworld.config import AppWorldEnvConfig
+from sage_rl.integrations.appworld.connection import WorkerError, WorkerLost, WorkerProcess, WorkerTimeout
+from sage_rl.integrations.appworld.outputs import Recording, start_recording
 from sage_rl.integrations.appworld.paths import require_ready
 from sage_rl.integrations.appworld.prompts import APPWORLD_PROMPTS
-from sage_rl.integrations.appworld.tasks import load_split, sample_chain
+from sage_rl.integrations.appworld.tasks import filter_tasks, load_split, sample_chain
 from sage_rl.types import CheckResult, ExecResult, Outcome, Task
 
-RESTART_NOTE = (
-    "Execution failed. Traceback:\nExecution {what}. The environment was restarted and the task "
-    "reloaded; earlier cells were replayed, so their variables and effects are back, but this cell's "
-    "partial effects are lost."
+RESTORE_NOTE = (
+    "Execution failed. Traceback:\nExecution {what}. The environment was stopped and restored to "
+    "its state before this cell: earlier variables and effects are all there, this cell's are not."
 )
+CANCELLED = "was cancelled by the harness"
+
+#: (AppWorld root to evaluate in, experiment name, keep the outputs there) for a task.
+Destination = Callable[[Task], tuple[Path, str, bool]]
 
 
-class EnvironmentBroken(RuntimeError):
-    """The environment could not be brought back after a worker crash; open a new one."""
+class AppWorldError(RuntimeError):
+    """An AppWorld environment failed (not the agent's code). One-line message."""
+
+
+class TaskLoadError(AppWorldError):
+    """AppWorld could not load the task (e.g. its data's db_version does not match AppWorld's)."""
+
+
+class EvaluationError(AppWorldError):
+    """AppWorld's evaluator failed on the task (e.g. its ground truth is broken)."""
+
+
+class EnvironmentBroken(AppWorldError):
+    """The episode's worker is gone and could not be restored; reset or open a new environment."""
+
+
+def _reason(e: BaseException, limit: int = 2000) -> str:
+    """The error's text on one line (a log tail, a multi-line AppWorld message)."""
+    text = e.reason if isinstance(e, WorkerError) else str(e)
+    return " | ".join(line.strip() for line in text.splitlines() if line.strip())[:limit]
 
 
 class AppWorldEnvironment:
-    """One live AppWorld episode at a time, in its own worker process."""
+    """One live AppWorld episode at a time, each in a fresh worker process."""
 
     reports_calls = False
 
-    def __init__(self, config: AppWorldEnvConfig, factory: WorkerFactory, worker: WorkerProcess) -> None:
+    def __init__(self, config: AppWorldEnvConfig, factory: WorkerFactory, destination: Destination) -> None:
         self.config = config
         self._factory = factory
-        self._worker = worker
+        self._destination = destination
+        self._worker: WorkerProcess | None = None
+        self._scratch: Path | None = None
+        self._output_dir: Path | None = None
         self._task: Task | None = None
-        self._cells: list[str] = []
         self._completed = False
-
-    @classmethod
-    async def open(cls, config: AppWorldEnvConfig, factory: WorkerFactory) -> AppWorldEnvironment:
-        return cls(config, factory, await factory.new_worker())
+        self._cancelled: str | None = None  # the code of a cell whose request was cancelled
+        #: The sandbox's report of the layers that took effect in the current worker.
+        self.isolation: dict = {}
 
     @property
     def completed(self) -> bool:
@@ -71,106 +96,185 @@ class AppWorldEnvironment:
 
     @property
     def worker_pid(self) -> int:
-        return self._worker.pid
+        return self._worker.pid if self._worker else 0
 
     async def reset(self, task: Task) -> None:
-        if not self._worker.alive:
-            self._worker = await self._factory.new_worker()
-        await self._load(task)
-        self._task, self._cells, self._completed = task, [], False
+        """A fresh worker loads ``task``; the previous episode's processes stop meanwhile."""
+        previous = self._detach()
+        scratch = self._scratch = self._factory.new_scratch()
+        started, _ = await asyncio.gather(
+            self._start(task, scratch), self._stop(*previous), return_exceptions=True
+        )
+        if isinstance(started, BaseException):
+            await self._stop(*self._detach())
+            if isinstance(started, WorkerError | WorkerLost):
+                raise TaskLoadError(
+                    f"AppWorld could not load task {task.task_id}: {_reason(started)}"
+                ) from started
+            raise started
+        self._task, self._output_dir = task, Path(started["output_dir"])
+        self.isolation = started["isolation"]
+
+    async def _start(self, task: Task, scratch: Path) -> dict:
+        self._worker = await self._factory.new_worker()
+        return await self._worker.request(self._reset_request(task, scratch), self.config.start_timeout_s)
 
     async def execute(self, code: str, origin: str = "<cell>") -> ExecResult:
-        if self._task is None:
-            raise RuntimeError("AppWorldEnvironment.execute before reset")
+        worker = self._live()
         t0 = time.perf_counter()
-        if not self._worker.alive:  # killed after a cancelled request, or died between cells
-            await self._restart()
+        await self._settle()
         try:
-            ans = await self._worker.request({"op": "execute", "code": code}, self._kill_after_s())
-        except (WorkerTimeout, WorkerCrashed) as e:
+            answer = await worker.request({"op": "execute", "code": code}, self._kill_after_s())
+        except asyncio.CancelledError:
+            self._cancelled = code
+            raise
+        except WorkerLost as e:
+            if not e.restored:
+                raise EnvironmentBroken(f"AppWorld task {self._task_id}: {_reason(e)}") from e
             what = "timed out" if isinstance(e, WorkerTimeout) else "crashed the environment"
-            await self._restart()
+            observation = RESTORE_NOTE.format(what=what)
+            await self._record_lost(code, observation)
             return ExecResult(
-                observation=RESTART_NOTE.format(what=what),
+                observation=observation,
                 ok=False,
+                completed=self._completed,
                 timed_out=isinstance(e, WorkerTimeout),
                 calls=None,
                 defined=None,
                 duration_s=time.perf_counter() - t0,
             )
-        self._cells.append(code)
-        self._completed = bool(ans["completed"])
+        except WorkerError as e:
+            raise AppWorldError(f"AppWorld task {self._task_id}: {_reason(e)}") from e
+        self._completed = bool(answer["completed"])
         return ExecResult(
-            observation=ans["output"],
-            ok=not ans["failed"],
+            observation=answer["output"],
+            ok=not answer["failed"],
             completed=self._completed,
-            timed_out=bool(ans["timed_out"]),
+            timed_out=bool(answer["timed_out"]),
             calls=None,
-            defined=tuple(ans["defined"]),
+            defined=tuple(answer["defined"]),
             duration_s=time.perf_counter() - t0,
         )
 
     async def evaluate(self) -> Outcome:
-        if self._task is None:
+        """AppWorld's evaluator on the state saved after the last cell, in its own process."""
+        task = self._task
+        if task is None or self._output_dir is None:
             raise RuntimeError("AppWorldEnvironment.evaluate before reset")
-        if not self._worker.alive:  # the state is rebuilt by replay before it is judged
-            await self._restart()
-        ans = await self._worker.request({"op": "evaluate"}, self.config.start_timeout_s)
-        checks = [CheckResult(name=r, passed=True) for r in ans["passes"]]
+        await self._settle()
+        root, experiment, keep = self._destination(task)
+        request = {
+            "op": "evaluate",
+            "task_id": task.task_id,
+            "experiment": experiment,
+            "source": str(self._output_dir),
+            "dest_root": str(root),
+            "data": str(self.config.paths().data),
+            "sandbox": self.config.sandbox,
+            "limits": self.config.limits.model_dump(),
+        }
+        try:
+            answer = await self._factory.run_once(request, self.config.start_timeout_s)
+        except (WorkerError, WorkerLost) as e:
+            raise EvaluationError(f"AppWorld could not evaluate task {task.task_id}: {_reason(e)}") from e
+        finally:
+            if not keep:
+                shutil.rmtree(root / "experiments" / "outputs" / experiment, ignore_errors=True)
+        checks = [CheckResult(name=r, passed=True) for r in answer["passes"]]
         checks += [
-            CheckResult(name=f["requirement"], passed=False, detail=f["trace"]) for f in ans["failures"]
+            CheckResult(name=f["requirement"], passed=False, detail=f["trace"]) for f in answer["failures"]
         ]
-        if len(checks) != ans["num_tests"]:
-            raise WorkerError(f"AppWorld evaluation ran {len(checks)} tests but expected {ans['num_tests']}")
+        if len(checks) != answer["num_tests"]:
+            raise EvaluationError(
+                f"AppWorld's evaluation of task {task.task_id} ran {len(checks)} tests but expected "
+                f"{answer['num_tests']}"
+            )
         return Outcome.from_checks(tuple(checks))
 
     async def info(self) -> dict:
         """The worker's pid, RSS and PSS (MB)."""
-        return await self._worker.request({"op": "info"}, 30.0)
+        return memory_mb(self._live().pid)
 
     async def close(self) -> None:
-        await self._worker.close()
+        await self._stop(*self._detach())
+
+    @property
+    def _task_id(self) -> str:
+        return self._task.task_id if self._task else "?"
+
+    def _live(self) -> WorkerProcess:
+        if self._task is None or self._worker is None:
+            raise RuntimeError("AppWorldEnvironment used before reset (or after a failed reset)")
+        return self._worker
 
     def _kill_after_s(self) -> float:
         return self.config.cell_timeout_s + self.config.kill_grace_s
 
-    async def _load(self, task: Task) -> None:
-        payload = {
+    def _reset_request(self, task: Task, scratch: Path) -> dict:
+        return {
             "op": "reset",
             "task_id": task.task_id,
-            "experiment": self._worker.experiment,
+            "experiment": self.config.experiment,
+            "scratch": str(scratch),
+            "data": str(self.config.paths().data),
             "cell_timeout_s": self.config.cell_timeout_s,
+            "max_interactions": self.config.max_interactions,
+            "max_api_calls_per_interaction": self.config.max_api_calls_per_interaction,
+            "sandbox": self.config.sandbox,
+            "limits": self.config.limits.model_dump(),
         }
-        await self._worker.request(payload, self.config.start_timeout_s)
 
-    async def _restart(self) -> None:
-        """Replace the killed worker, reload the task and replay the episode's cells."""
-        assert self._task is not None
-        await self._worker.close()
+    async def _settle(self) -> None:
+        """After a cancelled cell: wait for the snapshot to take over; record the cell as lost
+        unless the snapshot ran it (the dead worker had not read it)."""
+        if self._cancelled is None:
+            return
+        code, self._cancelled = self._cancelled, None
         try:
-            self._worker = await self._factory.new_worker()
-            await self._load(self._task)
-            for cell in self._cells:
-                ans = await self._worker.request({"op": "execute", "code": cell}, self._kill_after_s())
-                self._completed = bool(ans["completed"])
-        except (WorkerTimeout, WorkerCrashed, WorkerError) as e:
-            raise EnvironmentBroken(f"AppWorld task {self._task.task_id} could not be restored: {e}") from e
+            answer = await self._live().recover()
+        except WorkerLost as e:
+            raise EnvironmentBroken(
+                f"AppWorld task {self._task_id} could not be restored: {_reason(e)}"
+            ) from e
+        if answer is None:
+            await self._record_lost(code, RESTORE_NOTE.format(what=CANCELLED))
+        else:
+            self._completed = bool(answer.get("completed", self._completed))
 
+    async def _record_lost(self, code: str, observation: str) -> None:
+        """Tell the restored worker to log the lost cell as AppWorld logs a failed one."""
+        try:
+            answer = await self._live().request(
+                {"op": "lost", "code": code, "output": observation}, self.config.start_timeout_s
+            )
+        except (WorkerError, WorkerLost) as e:
+            raise EnvironmentBroken(
+                f"AppWorld task {self._task_id} could not be restored: {_reason(e)}"
+            ) from e
+        self._completed = bool(answer["completed"])
 
-def _spec(config: AppWorldEnvConfig) -> WorkerSpec:
-    return WorkerSpec(
-        paths=config.paths(),
-        start_timeout_s=config.start_timeout_s,
-        experiment=config.experiment,
-        keep_outputs=config.keep_outputs,
-    )
+    def _detach(self) -> tuple[WorkerProcess | None, Path | None]:
+        """Forget the current episode; return its worker and scratch folder, to ``_stop``."""
+        worker, scratch = self._worker, self._scratch
+        self._worker = self._scratch = self._output_dir = self._task = None
+        self._cancelled, self._completed = None, False
+        return worker, scratch
+
+    @staticmethod
+    async def _stop(worker: WorkerProcess | None, scratch: Path | None) -> None:
+        """Stop an episode's processes and remove its scratch folder."""
+        if worker is not None:
+            await worker.close()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 class AppWorldSuite:
     """AppWorld's splits (train, dev, test_normal, test_challenge) and its live environments.
 
     The constructor checks that the AppWorld venv and data are installed and raises ``SetupError``
-    with a one-line message that says how to install them otherwise.
+    with a one-line message that says how to install them otherwise. ``await close()`` stops every
+    process and removes every temporary folder; so does the end of the Python process.
     """
 
     name = "appworld"
@@ -181,25 +285,49 @@ class AppWorldSuite:
         self.config = config or AppWorldEnvConfig()
         self.paths = require_ready(self.config.paths())
         self._splits: dict[str, tuple[Task, ...]] = {}
-        self._factory = WorkerFactory(_spec(self.config))
+        self._factory = WorkerFactory(WorkerSpec(self.paths, self.config.start_timeout_s))
+        self._envs: weakref.WeakSet[AppWorldEnvironment] = weakref.WeakSet()
+        self._recording: Recording | None = None
+        # Whoever forgets close(): the zygote and the temporary folder still go when Python exits.
+        self._finalizer = weakref.finalize(self, self._factory.close)
 
     def split(self, split: str) -> tuple[Task, ...]:
+        """The tasks of ``split`` that pass the config's difficulty and per-scenario filters."""
         if split not in self._splits:
-            self._splits[split] = load_split(self.paths.data, split)
+            tasks = load_split(self.paths.data, split)
+            self._splits[split] = filter_tasks(
+                tasks, self.config.difficulties, self.config.num_tasks_per_scenario
+            )
         return self._splits[split]
 
     def sample_chain(self, rng: random.Random, length: int, split: str = "train") -> tuple[Task, ...]:
         return sample_chain(self.split(split), rng, length)
 
-    async def open(self) -> AppWorldEnvironment:
-        """A new environment with its own worker, forked from this suite's AppWorld zygote (which
-        the first call starts: seconds; later calls take milliseconds)."""
-        return await AppWorldEnvironment.open(self.config, self._factory)
-
     def worked_example(self) -> None:
         """None: no solved AppWorld task is shown in the prompt."""
 
+    def record_to(self, run_dir: Path, variant: str | None = None) -> Path:
+        """Keep every evaluated episode's AppWorld outputs under ``run_dir/appworld`` from now on,
+        as experiment ``<config.experiment>[-<variant>]_<split>`` (``outputs.py``); return that
+        AppWorld root. Each task should be evaluated once per experiment (as ``sage-rl eval``
+        does): a second evaluation replaces the first's outputs."""
+        self._recording = start_recording(Path(run_dir), self.paths.data, self.config.experiment, variant)
+        return self._recording.root
+
+    async def open(self) -> AppWorldEnvironment:
+        """A new environment; its first ``reset`` starts this suite's AppWorld zygote (seconds),
+        later ones fork a worker from it (milliseconds)."""
+        env = AppWorldEnvironment(self.config, self._factory, self._destination)
+        self._envs.add(env)
+        return env
+
     async def close(self) -> None:
-        """Stop the zygote and remove its folder. Open environments keep working; close them with
-        ``await env.close()``."""
-        self._factory.close()
+        """Close every environment still open, stop the zygote, remove the temporary folder."""
+        await asyncio.gather(*(env.close() for env in list(self._envs)))
+        self._finalizer()
+
+    def _destination(self, task: Task) -> tuple[Path, str, bool]:
+        if self._recording is not None:
+            return self._recording.root, self._recording.experiment(task.split), True
+        root = self._factory.tmp / "evaluations"
+        return root, f"{self.config.experiment}-{uuid.uuid4().hex[:12]}", False

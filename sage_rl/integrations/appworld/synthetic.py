@@ -4,9 +4,12 @@ AppWorld's real task data cannot be downloaded everywhere (PLATFORM.md), so test
 benchmark run against a world made here from AppWorld's own code:
 - API docs generated from the apps' source (``appworld.api_docs.prepare_api_docs``), written as
   ``data/api_docs/standard/<app>.json`` and loaded into the ``api_docs`` app's database;
-- per task, databases with the apps' empty schemas made by AppWorld's ``ModelCollection``, plus
-  the supervisor (admin ``MainUser`` and supervisor ``Supervisor``) and the active supervisor
-  ``Task``;
+- ``data/base_dbs``: every app's empty schema, made by AppWorld's ``ModelCollection`` (full
+  SQLite files), with the API docs in the ``api_docs`` app's database;
+- per task, ``dbs/<app>.jsonl``: the task's changes on top of the base DBs (AppWorld's "changes"
+  format, as in its real data): the supervisor (admin ``MainUser`` and supervisor ``Supervisor``)
+  and the active supervisor ``Task``. AppWorld saves a run's state in the same format, so its
+  evaluator can score it from disk (``appworld evaluate``);
 - a task folder: ``specs.json`` and a minimal ``ground_truth`` whose ``evaluation.py`` has two
   tests: "the task is marked complete" and "the answer is correct";
 - ``data/datasets/<split>.txt``.
@@ -15,7 +18,8 @@ It can also pack ``<root>/data`` into a bundle with AppWorld's own ``pack_bundle
 ``data-0.1.0.bundle``: an AES-CFB-encrypted zip whose paths start with ``data/``).
 
 Usage (AppWorld venv): ``python synthetic.py build ROOT SPEC.json`` where SPEC holds
-``{"splits": {"train": [{"task_id", "instruction", "answer"}, ...], ...}}``;
+``{"splits": {"train": [{"task_id", "instruction", "answer", ...}, ...], ...}}`` (see
+``write_task_folder`` for the optional keys);
 ``python synthetic.py bundle ROOT OUT.bundle``. Imports nothing from sage_rl.
 """
 
@@ -23,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
@@ -71,19 +74,16 @@ def write_api_docs(data: str) -> list[dict]:
     return everything
 
 
-def write_task_dbs(data: str, task_id: str, instruction: str, api_docs: list[dict]) -> None:
-    """Empty-schema databases of every app, with the supervisor and the active task filled in,
-    and the API docs in the ``api_docs`` app's database (pass ``[]`` to fill that in later)."""
+def write_base_dbs(data: str, api_docs: list[dict]) -> None:
+    """``data/base_dbs``: every app's empty schema (full SQLite files), with the API docs in the
+    ``api_docs`` app's database. Tasks store only their changes on top of it, as in AppWorld's data."""
     from appworld.apps import get_all_apps
     from appworld.collections.models import ModelCollection
 
-    memory = f":memory:synthetic-{task_id}"
+    memory = ":memory:synthetic-base"
     models = ModelCollection.load(
         to_db_home_path=memory, from_db_home_path=memory, load_apps=get_all_apps(), create_db=True
     )
-    models.admin.MainUser.create_save(**SUPERVISOR, birthday=BIRTHDAY)
-    supervisor = models.supervisor.Supervisor.create_save(**SUPERVISOR, birthday=BIRTHDAY)
-    models.supervisor.Task.create_save(supervisor_id=supervisor.id, instruction=instruction)
     for doc in api_docs:
         models.api_docs.ApiDoc.create_save(
             app_name_=doc["app_name"],
@@ -94,19 +94,45 @@ def write_task_dbs(data: str, task_id: str, instruction: str, api_docs: list[dic
             parameters=doc["parameters"],
             response_schemas=doc["response_schemas"],
         )
-    models.save(db_home_path=f"{data}/tasks/{task_id}/dbs", format="full", delete_if_exists=True)
+    models.save(db_home_path=f"{data}/base_dbs", format="full", delete_if_exists=True)
     models.close()
 
 
-def write_task_folder(data: str, task_id: str, instruction: str, answer: object) -> None:
-    folder = f"{data}/tasks/{task_id}"
-    _dump(
-        {"instruction": instruction, "supervisor": SUPERVISOR, "datetime": DATETIME, "db_version": "0.1.0"},
-        f"{folder}/specs.json",
+def write_task_dbs(data: str, task_id: str, instruction: str) -> None:
+    """``data/tasks/<id>/dbs``: the task's changes (JSON lines per app) on top of the base DBs: the
+    supervisor (admin ``MainUser`` and supervisor ``Supervisor``) and the active supervisor ``Task``."""
+    from appworld.apps import get_all_apps
+    from appworld.collections.models import ModelCollection
+
+    models = ModelCollection.load(
+        to_db_home_path=f":memory:synthetic-{task_id}",
+        from_db_home_path=f"{data}/base_dbs",
+        load_apps=get_all_apps(),
     )
+    models.admin.MainUser.create_save(**SUPERVISOR, birthday=BIRTHDAY)
+    supervisor = models.supervisor.Supervisor.create_save(**SUPERVISOR, birthday=BIRTHDAY)
+    models.supervisor.Task.create_save(supervisor_id=supervisor.id, instruction=instruction)
+    models.save(db_home_path=f"{data}/tasks/{task_id}/dbs", format="changes", delete_if_exists=True)
+    models.close()
+
+
+def write_task_folder(data: str, task: dict) -> None:
+    """``specs.json`` and ``ground_truth``. Optional task keys: ``difficulty`` (1), ``db_version``
+    (AppWorld's own; another makes the task fail to load) and ``evaluation_py`` (the ground
+    truth's evaluation code; e.g. a broken one)."""
+    from appworld.common.constants import DB_VERSION
+
+    folder = f"{data}/tasks/{task['task_id']}"
+    specs = {
+        "instruction": task["instruction"],
+        "supervisor": SUPERVISOR,
+        "datetime": DATETIME,
+        "db_version": task.get("db_version", DB_VERSION),
+    }
+    _dump(specs, f"{folder}/specs.json")
     gt = f"{folder}/ground_truth"
     meta = {
-        "difficulty": 1,
+        "difficulty": task.get("difficulty", 1),
         "mode": "minimal",
         "num_apps": 1,
         "num_apis": 2,
@@ -116,27 +142,21 @@ def write_task_folder(data: str, task_id: str, instruction: str, answer: object)
     _dump(meta, f"{gt}/metadata.json")
     _dump({}, f"{gt}/public_data.json")
     _dump({}, f"{gt}/private_data.json")
-    _dump(answer, f"{gt}/answer.json")
+    _dump(task["answer"], f"{gt}/answer.json")
     _dump([{"requirement": r, "label": "no_op_fail"} for r in REQUIREMENTS], f"{gt}/test_data.json")
     with open(f"{gt}/evaluation.py", "w") as f:
-        f.write(EVALUATION_PY)
+        f.write(task.get("evaluation_py", EVALUATION_PY))
 
 
 def build(root: str, spec: dict) -> None:
     """Write ``<root>/data`` for the tasks of ``spec["splits"]`` (split name -> list of tasks)."""
     os.environ["APPWORLD_ROOT"] = root
     data = os.path.join(root, "data")
-    api_docs = write_api_docs(data)
-    docs_db = None
+    write_base_dbs(data, write_api_docs(data))
     for split, tasks in spec["splits"].items():
         for t in tasks:
-            dbs = f"{data}/tasks/{t['task_id']}/dbs"
-            # Filling ApiDoc row by row costs seconds; do it once and copy that database.
-            write_task_dbs(data, t["task_id"], t["instruction"], [] if docs_db else api_docs)
-            if docs_db:
-                shutil.copyfile(docs_db, f"{dbs}/api_docs.db")
-            docs_db = docs_db or f"{dbs}/api_docs.db"
-            write_task_folder(data, t["task_id"], t["instruction"], t["answer"])
+            write_task_dbs(data, t["task_id"], t["instruction"])
+            write_task_folder(data, t)
         os.makedirs(f"{data}/datasets", exist_ok=True)
         with open(f"{data}/datasets/{split}.txt", "w") as f:
             f.write("".join(t["task_id"] + "\n" for t in tasks))

@@ -1,33 +1,59 @@
-"""AppWorld workers: one process per live world, JSON lines over a Unix socket.
+"""AppWorld's processes: one zygote per suite, one worker per episode, one evaluator per evaluation.
 
-Runs under the AppWorld virtualenv's Python (``.venv-appworld/bin/python worker.py SOCKET``),
-never in sage-rl's own environment: AppWorld pins pydantic<2, freezes the process clock and
-patches builtins while executing (PLATFORM.md). So this file imports only the standard library
-and ``appworld``, and nothing from ``sage_rl``.
+Runs under the AppWorld virtualenv's Python (``.venv-appworld/bin/python worker.py SOCKET``), never
+in sage-rl's own environment: AppWorld pins pydantic<2, freezes the process clock and patches
+builtins while executing (PLATFORM.md). So this file and its helpers (``episode.py``: what a
+child runs; ``layers.py``; ``snapshots.py``) import only the standard library, ``appworld`` and
+the sandbox's layer modules.
 
-The process started is a *zygote*: it imports AppWorld and builds its API routes once (seconds),
-then forks one worker per connection to ``SOCKET`` (milliseconds), so a pool of workers, or the
-replacement of a killed one, costs no new start-up. Each worker holds one ``AppWorld`` at a time.
+The *zygote* imports AppWorld, builds its API routes, imports the standard library and makes (and
+closes) one world, once (seconds); it enters a new network namespace, and forks one child per
+connection to ``SOCKET`` (milliseconds). A child's first
+request decides what it is:
 
-Protocol on a worker's connection: the worker first sends ``{"ok": true, "ready": true, "pid"}``;
-then each request is one JSON object on one line, and so is each answer. Everything that writes
-to stdout (AppWorld's warnings, prints outside a captured cell) goes to stderr instead.
+- an **episode worker** (``reset``): it loads one task with AppWorld, without its ground truth,
+  in a private AppWorld root inside its scratch folder; then it applies the sandbox's layers
+  (``layers.py``): from then on it reads only system, Python and venv folders, writes only its
+  scratch folder, has no network, runs as ``nobody`` (when started as root) with rlimits, and an
+  environment holding no variable of the parent's. Agent code runs here. After each request that
+  changed its world it forks a snapshot of itself (``snapshots.py``), which takes over if the
+  worker is killed or dies.
+- an **evaluator** (``evaluate``): it copies the files AppWorld saved for an episode (its state
+  after the last cell, its logs) into a destination AppWorld root, and scores them there with
+  AppWorld's own ``evaluate_task``, as ``appworld evaluate`` does. It runs no agent code, and is
+  under Landlock too: it reads the task data and writes only that destination folder.
+
+Protocol on a child's connection: the child first sends ``{"ok": true, "ready": true, "pid"}``;
+then each request is one JSON object on one line, and so is each answer, which echoes the
+request's ``id``. A snapshot that took over sends ``{"ok": true, "restored": true, "pid"}`` unasked. Everything that writes to stdout
+(AppWorld's warnings, prints outside a captured cell) goes to stderr instead.
 
 Requests (``op`` and its fields) -> answer fields (besides ``ok``):
-- ``reset`` task_id, experiment, cell_timeout_s -> instruction
+- ``reset`` task_id, experiment, scratch, data, cell_timeout_s, max_interactions,
+  max_api_calls_per_interaction, sandbox, limits -> instruction, isolation, output_dir
 - ``execute`` code -> output, failed, timed_out, completed, defined
-- ``evaluate`` -> passes, failures, num_tests, success
-- ``info`` -> rss_mb, pss_mb, pid
-- ``close`` -> (closes the world; the process then exits)
-A failing request answers ``{"ok": false, "error": "<Type>: <message>"}``; the worker keeps going.
+- ``lost`` code, output: record a cell whose worker was killed, as AppWorld records a failed
+  cell (it counts as an interaction) -> completed
+- ``evaluate`` task_id, experiment, source, dest_root, data, sandbox, limits -> passes,
+  failures, num_tests, success, difficulty
+- ``ping`` -> (nothing: its answer tells the parent every earlier request was answered)
+An episode worker runs until the parent kills its process group (it has nothing unsaved: AppWorld
+saves its state after every cell); an evaluator exits after its one answer.
+A failing request answers ``{"ok": false, "error": "<Type>: <message>"}``.
 """
 
 from __future__ import annotations
 
-import ast
+import contextlib
+import ctypes
+import gc
+import importlib
+import importlib.util
 import json
 import os
+import pkgutil
 import selectors
+import shutil
 import signal
 import socket
 import sys
@@ -35,110 +61,46 @@ import traceback
 
 # Run as a script from inside the sage_rl package: drop the script's folder from the import path
 # so sibling modules can never shadow a library AppWorld imports.
-if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if sys.path and os.path.abspath(sys.path[0]) == _HERE:
     sys.path.pop(0)
 
-FAILED_PREFIX = "Execution failed."
-TIMEOUT_MARK = "timed out after"
+
+def _sibling(name: str):
+    spec = importlib.util.spec_from_file_location(
+        f"sage_rl_appworld_{name}", os.path.join(_HERE, f"{name}.py")
+    )
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[spec.name] = module  # type: ignore[union-attr]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
-class Worker:
-    """Holds the one live ``AppWorld`` of this process."""
+layers = _sibling("layers")
+snapshots = _sibling("snapshots")
 
-    def __init__(self) -> None:
-        self.world = None
+_episode = _sibling("episode")
+Episode, PENDING, evaluate = _episode.Episode, _episode.PENDING, _episode.evaluate
 
-    def reset(self, task_id: str, experiment: str, cell_timeout_s: int) -> dict:
-        from appworld import AppWorld
-
-        self._close_world()
-        self.world = AppWorld(task_id, experiment_name=experiment, timeout_seconds=cell_timeout_s)
-        return {"instruction": self.world.task.instruction}
-
-    def execute(self, code: str) -> dict:
-        world = self._live()
-        names = _top_level_defs(code)
-        before = {n: world.shell.user_ns.get(n) for n in names}
-        output = world.execute(code)
-        failed = output.startswith(FAILED_PREFIX)
-        after = world.shell.user_ns
-        # A definition "executed" when the name is now bound to a new function object.
-        defined = [n for n in names if callable(after.get(n)) and after.get(n) is not before[n]]
-        return {
-            "output": output,
-            "failed": failed,
-            "timed_out": failed and TIMEOUT_MARK in output,
-            "completed": bool(world.task_completed()),
-            "defined": defined,
-        }
-
-    def evaluate(self) -> dict:
-        tracker = self._live().evaluate(suppress_errors=True)
-        return {
-            "passes": [p["requirement"] for p in tracker.passes],
-            "failures": [
-                {"requirement": f["requirement"], "trace": f.get("trace", "")} for f in tracker.failures
-            ],
-            "num_tests": tracker.num_tests,
-            "success": bool(tracker.success),
-        }
-
-    def info(self) -> dict:
-        return {
-            "rss_mb": _proc_kb("status", "VmRSS:") / 1024,
-            "pss_mb": _proc_kb("smaps_rollup", "Pss:") / 1024,
-            "pid": os.getpid(),
-        }
-
-    def close(self) -> dict:
-        self._close_world()
-        return {}
-
-    def _live(self):
-        if self.world is None:
-            raise RuntimeError("no task is loaded: send 'reset' first")
-        return self.world
-
-    def _close_world(self) -> None:
-        if self.world is not None:
-            world, self.world = self.world, None
-            world.close()
+#: Requests after which the worker takes a new snapshot.
+CHANGES_WORLD = ("reset", "execute", "lost")
+_PR_SET_CHILD_SUBREAPER = 36
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _top_level_defs(code: str) -> list[str]:
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
-        return []
-    return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-
-
-def _proc_kb(name: str, key: str) -> float:
-    """A ``kB`` field of ``/proc/self/<name>`` (0 where absent). PSS shares copy-on-write pages
-    with the zygote fairly, so it is the honest per-worker memory; RSS counts them in full."""
-    try:
-        with open(f"/proc/{os.getpid()}/{name}") as f:
-            for line in f:
-                if line.startswith(key):
-                    return float(line.split()[1])
-    except OSError:
-        pass
-    return 0.0
-
-
-def handle(worker: Worker, request: dict) -> dict:
+def handle(episode: Episode, request: dict, network: str, paths: tuple[list[str], list[str]]) -> dict:
     op = request.get("op")
     try:
         if op == "reset":
-            out = worker.reset(request["task_id"], request["experiment"], int(request["cell_timeout_s"]))
+            out = episode.reset(request)
         elif op == "execute":
-            out = worker.execute(request["code"])
+            out = episode.execute(request["code"])
+        elif op == "lost":
+            out = episode.lost(request["code"], request["output"])
         elif op == "evaluate":
-            out = worker.evaluate()
-        elif op == "info":
-            out = worker.info()
-        elif op == "close":
-            out = worker.close()
+            out = evaluate(request, network, paths)
+        elif op == "ping":
+            out = {}
         else:
             raise ValueError(f"unknown op {op!r}")
     except Exception as e:  # the worker must answer every request, whatever AppWorld raised
@@ -147,59 +109,155 @@ def handle(worker: Worker, request: dict) -> dict:
     return {"ok": True, **out}
 
 
-def serve(rfile, wfile) -> None:
-    """Answer requests from ``rfile`` on ``wfile`` until ``close`` or end of input."""
-    worker = Worker()
-    wfile.write(json.dumps({"ok": True, "ready": True, "pid": os.getpid()}) + "\n")
-    wfile.flush()
+def serve(conn: socket.socket, network: str, paths: tuple[list[str], list[str]]) -> None:
+    """Answer requests on ``conn`` until an evaluation is answered or the input ends."""
+    rfile, wfile = conn.makefile("r"), conn.makefile("w")
+
+    def send(message: dict, lead: str = "") -> None:
+        wfile.write(lead + json.dumps(message) + "\n")
+        wfile.flush()
+
+    episode = Episode(network, paths)
+    send({"ok": True, "ready": True, "pid": os.getpid()})
     for line in rfile:
         if not line.strip():
             continue
         request = json.loads(line)
-        wfile.write(json.dumps(handle(worker, request)) + "\n")
-        wfile.flush()
-        if request.get("op") == "close":
-            break
+        op = request.get("op")
+        answer = {**handle(episode, request, network, paths), "id": request.get("id")}
+        send(answer)
+        if op == "evaluate":
+            return
+        if answer["ok"] and op in CHANGES_WORLD and episode.snapshots.take():
+            episode.revive()  # this is the snapshot: the worker died; carry on in its place
+            # A leading newline ends whatever the dead worker may have half written.
+            send({"ok": True, "restored": True, "pid": os.getpid()}, lead="\n")
+
+
+#: Standard modules never preloaded: side effects at import, GUI, tests, other platforms, removed.
+_STDLIB_SKIP = frozenset((
+    "antigravity", "this", "__hello__", "__phello__", "idlelib", "tkinter", "_tkinter", "turtle",
+    "turtledemo", "test", "lib2to3", "ensurepip", "venv", "pydoc_data", "distutils", "readline",
+    "curses", "_curses", "_curses_panel", "dbm", "msilib", "winreg", "winsound", "nt", "msvcrt",
+    "_winapi", "_msi", "_overlapped", "xxsubtype", "xxlimited", "_xxtestfuzz", "_testcapi",
+    "_testinternalcapi", "_testbuffer", "_testimportmultiple", "_testmultiphase", "_ctypes_test",
+    "_testclinic",
+))  # fmt: skip
+
+
+def preload_stdlib() -> None:
+    """Import the standard library (about 550 modules: half a second and ~35 MB, once, shared).
+    A worker that dropped to ``nobody`` may not read a base Python installed under a private
+    folder (``/root/.pyenv``), so a module first imported later (``datetime.strptime`` imports
+    ``_strptime``; agent code imports ``difflib``) would fail where AppWorld alone works."""
+    for name in sorted(sys.stdlib_module_names - _STDLIB_SKIP):
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - not on this platform or not built here
+            continue
+        for info in pkgutil.walk_packages(getattr(module, "__path__", None) or [], name + "."):
+            if {"test", "tests", "idle_test", "__main__"} & set(info.name.split(".")):
+                continue
+            with contextlib.suppress(Exception):
+                importlib.import_module(info.name)
 
 
 def preload() -> None:
     """Import AppWorld and build every app's API routes (most of a world's first construction),
-    once, in the zygote; forked workers inherit it all copy-on-write."""
+    and the standard library, once, in the zygote; forked children inherit it all copy-on-write."""
+    import anyio.from_thread  # noqa: F401
+    import pytest  # noqa: F401 - AppWorld's evaluator imports it at its first test (0.1 s)
     from appworld.apps import get_all_apps
     from appworld.common.utils import import_apis_module
     from appworld.environment import AppWorld  # noqa: F401
+    from appworld.evaluator import evaluate_task  # noqa: F401
 
     for app in get_all_apps():
         import_apis_module(app)
+    PENDING.install()
+    preload_stdlib()
 
 
-def fork_worker(conn: socket.socket, listener: socket.socket) -> None:
+def warm_up(tmp: str) -> None:
+    """Make and close one world (of the first task in the data, without its ground truth, its
+    outputs in ``tmp``): a child's first ``AppWorld(...)`` then costs what a later one does in a
+    process (IPython, pydantic and SQLAlchemy set up once, here). No thread outlives it."""
+    from appworld.environment import AppWorld
+
+    root, data = os.path.join(tmp, "warm-up"), os.path.join(os.environ["APPWORLD_ROOT"], "data")
+    try:
+        task_id = min(os.listdir(os.path.join(data, "tasks")))
+        os.makedirs(root)
+        os.symlink(data, os.path.join(root, "data"))
+        real_root = os.environ["APPWORLD_ROOT"]
+        _episode.use_root(root)
+        try:
+            AppWorld(task_id, experiment_name="warm-up", load_ground_truth=False).close()
+        finally:
+            AppWorld.close_all()
+            _episode.use_root(real_root)
+    except Exception:  # noqa: BLE001 - only an optimization: a broken task fails at its own reset
+        traceback.print_exc(file=sys.stderr)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def fork_child(conn: socket.socket, listener: socket.socket, network: str, paths) -> None:
     """In the zygote: fork; the child serves ``conn`` and exits, the parent goes back to accepting."""
     if os.fork() != 0:
         conn.close()
         return
     try:
         listener.close()
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the zygote's stdin is the parent's pipe
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.setpgid(0, 0)  # its own group, so a kill aimed at it never reaches the zygote
-        serve(conn.makefile("r"), conn.makefile("w"))
+        os.setpgid(0, 0)  # its own group: the parent kills an episode's processes together
+        serve(conn, network, paths)
     finally:
         os._exit(0)
 
 
-def zygote(socket_path: str) -> None:
-    """Preload AppWorld, listen on ``socket_path`` and fork one worker per connection.
+def kill_children() -> None:
+    """SIGKILL every child of the zygote: workers, and the orphans it adopted as a subreaper
+    (snapshots, anything agent code forked). Repeated, since killing one may orphan others."""
+    me = str(os.getpid())
+    for _ in range(5):
+        found = False
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    ppid = f.read().rsplit(")", 1)[1].split()[1]
+            except (OSError, IndexError):
+                continue
+            if ppid == me:
+                found = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+        if not found:
+            return
 
-    Says ``ready`` on stdout once listening, and exits when its stdin closes (its parent is gone).
-    """
+
+def zygote(socket_path: str) -> None:
+    """Preload AppWorld, enter a new network namespace, listen on ``socket_path`` and fork one
+    child per connection. Says ``ready`` on stdout once listening; when its stdin closes (its
+    parent is gone or closed the suite) it kills its children, removes its folder and exits."""
     protocol_out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints from AppWorld now go to stderr, not into a protocol
     preload()
+    warm_up(os.path.dirname(socket_path))
+    # Out of the collector's reach: a collection in a child would otherwise write to every
+    # preloaded object, copying the whole shared heap (half a second per reset).
+    gc.freeze()
+    network, note = layers.enter_network_namespace()
+    paths = layers.readable_paths()
+    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphaned snapshots come back to us
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
+    os.chmod(socket_path, 0o600)  # a worker that dropped to nobody cannot fork itself new children
     listener.listen(64)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished workers
-    protocol_out.write(json.dumps({"ok": True, "ready": True, "pid": os.getpid()}) + "\n")
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished children
+    ready = {"ok": True, "ready": True, "pid": os.getpid(), "network": network, "note": note}
+    protocol_out.write(json.dumps(ready) + "\n")
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
     sel.register(sys.stdin.fileno(), selectors.EVENT_READ)
@@ -207,8 +265,12 @@ def zygote(socket_path: str) -> None:
         for key, _ in sel.select():
             if key.fileobj is listener:
                 conn, _ = listener.accept()
-                fork_worker(conn, listener)
+                fork_child(conn, listener, network, paths)
             elif not os.read(sys.stdin.fileno(), 4096):
+                kill_children()
+                # Its folder holds only its socket, its log and its children's scratch: gone
+                # even when sage-rl was killed and could not remove it.
+                shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)
                 os._exit(0)
 
 

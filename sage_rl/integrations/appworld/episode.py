@@ -1,0 +1,291 @@
+"""What an AppWorld child runs: an episode's world (``Episode``) and an evaluation (``evaluate``).
+Runs under the AppWorld venv; loaded by ``worker.py`` (see its docstring for the protocol), after
+``layers.py`` and ``snapshots.py``, which it registers under the names imported here.
+"""
+
+from __future__ import annotations
+
+import ast
+import concurrent.futures
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+
+import sage_rl_appworld_layers as layers  # type: ignore[import-not-found]
+import sage_rl_appworld_snapshots as snapshots  # type: ignore[import-not-found]
+
+FAILED_PREFIX = "Execution failed."
+#: What of an episode's AppWorld output folder the evaluator copies (regular files only).
+OUTPUT_SUBFOLDERS = ("dbs", "logs", "version", "misc")
+
+
+class AlarmWatch:
+    """Stands in for the ``signal`` module inside ``appworld.common.utils``, whose
+    ``timeout_call`` arms AppWorld's per-cell alarm: the handler it installs is wrapped, so the
+    worker knows that the alarm fired rather than guessing from the cell's error message."""
+
+    def __init__(self, real) -> None:
+        self._real = real
+        self.fired = False
+
+    def __getattr__(self, name: str):
+        return getattr(self._real, name)
+
+    def signal(self, signum, handler):
+        if signum == self._real.SIGALRM and callable(handler):
+            inner = handler
+
+            def handler(number, frame):
+                self.fired = True
+                return inner(number, frame)
+
+        return self._real.signal(signum, handler)
+
+
+class PendingCalls:
+    """The calls a cell made through an anyio portal (AppWorld's API client runs each API request
+    in one), until they complete. AppWorld's alarm can stop a cell while its last request is still
+    running in the portal's thread; the worker waits for it before it answers (and so before it
+    snapshots: fork copies no thread), then saves AppWorld's state again. Only calls started while
+    a cell runs are tracked: the client's own lifespan task runs as long as the client."""
+
+    def __init__(self) -> None:
+        self.pending: set = set()
+        self.tracking = False
+
+    def install(self) -> None:
+        """Wrap ``BlockingPortal.start_task_soon`` (``portal.call`` goes through it)."""
+        from anyio.from_thread import BlockingPortal
+
+        start, pending = BlockingPortal.start_task_soon, self.pending
+
+        def start_task_soon(portal, *args, **kwargs):
+            future = start(portal, *args, **kwargs)
+            if self.tracking:
+                pending.add(future)
+                future.add_done_callback(pending.discard)
+            return future
+
+        BlockingPortal.start_task_soon = start_task_soon
+
+    def drain(self, timeout_s: float = 10.0) -> bool:
+        """Stop tracking and wait for the calls in flight; True when there were any."""
+        self.tracking = False
+        if not self.pending:
+            return False
+        concurrent.futures.wait(list(self.pending), timeout_s)
+        self.pending.clear()
+        return True
+
+
+PENDING = PendingCalls()
+
+
+class Episode:
+    """The one live ``AppWorld`` of an episode worker."""
+
+    def __init__(self, network: str, paths: tuple[list[str], list[str]]) -> None:
+        self.network, self.paths = network, paths
+        self.world = None
+        self.snapshots = snapshots.Snapshots()
+        self._ran, self._result = False, None
+        self._alarm: AlarmWatch | None = None
+        self._dead_clients: list = []
+
+    def reset(self, req: dict) -> dict:
+        if self.world is not None:
+            raise RuntimeError("an episode worker loads one task only; start a new worker")
+        root = os.path.join(req["scratch"], "root")
+        os.makedirs(root, exist_ok=True)
+        if not os.path.lexists(os.path.join(root, "data")):
+            os.symlink(req["data"], os.path.join(root, "data"))
+        use_root(root)
+        from appworld import AppWorld
+
+        self.world = world = AppWorld(
+            req["task_id"],
+            experiment_name=req["experiment"],
+            load_ground_truth=False,  # the evaluator loads it, in its own process
+            timeout_seconds=int(req["cell_timeout_s"]),
+            max_interactions=int(req["max_interactions"]),
+            max_api_calls_per_interaction=int(req["max_api_calls_per_interaction"]),
+        )
+        run = world._shell_run_cell
+
+        def watched(code: str):  # tells a cell that ran from one refused before running
+            self._ran, self._result = True, None
+            self._result = run(code)
+            return self._result
+
+        world._shell_run_cell = watched
+        import appworld.common.utils as utils
+
+        self._alarm = utils.signal = AlarmWatch(signal)
+        if req.get("sandbox", True):
+            isolation = self._isolate(req)
+        else:
+            _scrub_environment(req["scratch"], root)
+            isolation = {}
+        return {
+            "instruction": world.task.instruction,
+            "isolation": isolation,
+            "output_dir": world.output_directory,
+        }
+
+    def _isolate(self, req: dict) -> dict:
+        """Apply the layers, then check the one thing they must do here: the task data (every
+        task's ground truth) is out of reach. Raises when it is not (e.g. no Landlock)."""
+        limits = layers.Limits.from_dict(req["limits"])
+        _give_to(req["scratch"], limits.drop_user)
+        _scrub_environment(req["scratch"], os.path.join(req["scratch"], "root"))
+        report = layers.apply(limits, req["scratch"], self.network, self.paths, [])
+        try:
+            os.listdir(os.path.join(req["data"], "tasks"))
+        except PermissionError:
+            return report
+        layers_seen = ", ".join(f"{k}={report.get(k)}" for k in ("filesystem", "user", "network"))
+        raise RuntimeError(
+            f"the sandbox does not hide AppWorld's task data from agent code here ({layers_seen}; "
+            f"{'; '.join(report.get('notes', [])) or 'no note'}): agent code could read every answer. "
+            "Run where Landlock is available, or set appworld.sandbox=false to run without isolation"
+        )
+
+    def execute(self, code: str) -> dict:
+        world = self._live()
+        names = _top_level_defs(code)
+        before = {n: world.shell.user_ns.get(n) for n in names}
+        self._ran, self._result = False, None
+        self._alarm.fired = False  # type: ignore[union-attr]
+        PENDING.tracking = True
+        output = world.execute(code)
+        if PENDING.drain():  # a request outlived the cell: save the state it left
+            world._save_state(world.output_db_home_path_on_disk)
+        timed_out = self._alarm.fired  # type: ignore[union-attr]
+        if self._ran:  # no result: the alarm ended run_cell itself; else the cell's own status
+            failed = timed_out or self._result is None or not self._result.success
+        else:  # refused before running (unsafe or invalid syntax) or empty: AppWorld's own message
+            failed = output.startswith(FAILED_PREFIX)
+        after = world.shell.user_ns
+        # A definition "executed" when the name is now bound to a new function object.
+        defined = [n for n in names if callable(after.get(n)) and after.get(n) is not before[n]]
+        return {
+            "output": output,
+            "failed": failed,
+            "timed_out": timed_out,
+            "completed": bool(world.task_completed()),
+            "defined": defined,
+        }
+
+    def lost(self, code: str, output: str) -> dict:
+        world = self._live()
+        world.environment_io.append({"input": code.strip(), "output": output})
+        world.num_interactions += 1
+        world._save_state(world.output_db_home_path_on_disk)  # the dead worker may have been mid-save
+        world.save_logs()
+        return {"completed": bool(world.task_completed())}
+
+    def revive(self) -> None:
+        """In a snapshot that took over: AppWorld's API client ran its event loop in a thread,
+        which fork did not copy. Start a new one; keep the old one's objects referenced, because
+        finalizing them would wait forever on the thread that is gone."""
+        import anyio.from_thread
+        from appworld.requester import Requester
+
+        PENDING.pending.clear()  # calls of threads that fork did not copy: they never complete here
+        for client in Requester.clients.values():
+            self._dead_clients.append((client.exit_stack, client.portal))
+            stack = contextlib.ExitStack()
+            client.portal = stack.enter_context(
+                anyio.from_thread.start_blocking_portal(**client.async_backend)
+            )
+            client.exit_stack = stack
+
+    def _live(self):
+        if self.world is None:
+            raise RuntimeError("no task is loaded: send 'reset' first")
+        return self.world
+
+
+def evaluate(req: dict, network: str, paths: tuple[list[str], list[str]]) -> dict:
+    """Copy an episode's saved AppWorld outputs to the destination root, and score them there."""
+    dest_root, task_id, experiment = req["dest_root"], req["task_id"], req["experiment"]
+    dest = os.path.join(dest_root, "experiments", "outputs", experiment, "tasks", task_id)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.makedirs(dest)
+    with contextlib.suppress(FileExistsError):  # concurrent evaluators share the root
+        os.symlink(req["data"], os.path.join(dest_root, "data"))
+    if req.get("sandbox", True):
+        limits = layers.Limits.from_dict({**req["limits"], "drop_user": ""})
+        layers.apply(limits, dest, network, paths, [req["data"], req["source"]])
+    _copy_outputs(req["source"], dest)
+    use_root(dest_root)
+    from appworld.evaluator import evaluate_task
+
+    tracker = evaluate_task(
+        task_id=task_id, experiment_name=experiment, suppress_errors=True, save_report=True
+    )
+    return {
+        "passes": [p["requirement"] for p in tracker.passes],
+        "failures": [
+            {"requirement": f["requirement"], "trace": f.get("trace", "")} for f in tracker.failures
+        ],
+        "num_tests": tracker.num_tests,
+        "success": bool(tracker.success),
+        "difficulty": tracker.difficulty,
+    }
+
+
+def use_root(root: str) -> None:
+    """Point AppWorld at another root. AppWorld reads ``APPWORLD_ROOT`` at each use but caches
+    ``get_db_home_path`` by its arguments only: drop what the zygote cached for its own root."""
+    from appworld.apps.model_lib import get_db_home_path
+
+    os.environ["APPWORLD_ROOT"] = root
+    get_db_home_path.cache_clear()
+
+
+def _copy_outputs(source: str, dest: str) -> None:
+    """Regular files of AppWorld's output subfolders (never links: the folder is agent-writable)."""
+    for sub in OUTPUT_SUBFOLDERS:
+        folder = os.path.join(source, sub)
+        if os.path.islink(folder) or not os.path.isdir(folder):
+            continue
+        os.makedirs(os.path.join(dest, sub), exist_ok=True)
+        for entry in os.scandir(folder):
+            if entry.is_file(follow_symlinks=False):
+                shutil.copyfile(entry.path, os.path.join(dest, sub, entry.name), follow_symlinks=False)
+
+
+def _give_to(scratch: str, user: str) -> None:
+    """Hand the scratch folder (AppWorld's outputs included) to the user the worker drops to."""
+    if os.getuid() != 0 or not user:
+        return
+    pw = pwd.getpwnam(user)
+    for folder, dirs, files in os.walk(scratch):
+        for name in (*dirs, *files):
+            os.lchown(os.path.join(folder, name), pw.pw_uid, pw.pw_gid)
+    os.chown(scratch, pw.pw_uid, pw.pw_gid)
+
+
+def _scrub_environment(scratch: str, root: str) -> None:
+    """Nothing of the parent's (or the zygote's) environment reaches agent code."""
+    os.environ.clear()
+    os.environ.update(
+        PATH="/usr/bin:/bin",
+        LANG="C.UTF-8",
+        HOME=scratch,
+        TMPDIR=scratch,
+        APPWORLD_ROOT=root,
+        APPWORLD_CACHE=os.path.join(scratch, "cache"),
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+
+
+def _top_level_defs(code: str) -> list[str]:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return []
+    return [n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
