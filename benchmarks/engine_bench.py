@@ -14,9 +14,10 @@ temperature 1), and a fixed observation of about ``--obs`` tokens appended after
     .venv/bin/python benchmarks/engine_bench.py [--threads 2] [--systems policy_bf16,policy_fp32,hf_generate,llama_cpp]
 
 Prints one JSON object: per system tokens, wall and CPU seconds, tokens/s and tokens per CPU
-second, the load average around it; ratios of each policy to ``hf_generate`` and ``llama_cpp``; and
+second, the load average around it; ratios of each policy to ``hf_generate`` and ``llama_cpp``;
 the memory-bandwidth floor of a decode step (weights bytes read per step / measured read
-bandwidth) with the fraction of it that the policy's full-batch decode steps reach.
+bandwidth) with the fraction of it that the policy's full-batch decode steps reach; and how far
+the sampler's logprobs are from a float32 forward pass (what a float32 trainer computes).
 """
 
 from __future__ import annotations
@@ -188,6 +189,32 @@ def floor_report(policy: TransformersPolicy, timer: DecodeTimer, bandwidth: floa
     }
 
 
+def logprob_mismatch(model, tok, prompts, args) -> dict:
+    """The sampler's logprobs against a float32 transformers forward over the same tokens
+    (what a float32 trainer computes): mean and max |difference| per sampled token, and the mean
+    signed difference, for one turn of the first two episodes, per compute dtype."""
+    out = {}
+    for name, dtype in (("policy_fp32", None), ("policy_bf16", "bfloat16")):
+        policy = TransformersPolicy(model, tok, max_batch=2, stop_ids=(), dtype=dtype)
+        params = SamplingParams(temperature=1.0, max_tokens=args.gen, seed=0)
+        diffs = []
+        for prompt in prompts[: min(2, len(prompts))]:
+            sample = asyncio.run(policy.generate(PolicyRequest((), tuple(prompt), params)))
+            seq = torch.tensor([list(prompt) + list(sample.token_ids)])
+            with torch.inference_mode():
+                logits = model(seq).logits[0, len(prompt) - 1 : -1].float()
+            ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(sample.token_ids)[:, None])[:, 0]
+            diffs.append(torch.tensor(sample.logprobs) - ref)
+        d = torch.cat(diffs)
+        out[name] = {
+            "tokens": d.numel(),
+            "mean_abs": round(d.abs().mean().item(), 5),
+            "max_abs": round(d.abs().max().item(), 5),
+            "mean_signed": round(d.mean().item(), 5),
+        }
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=8)
@@ -199,6 +226,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--systems", default="policy_bf16,policy_fp32,hf_generate,llama_cpp")
     ap.add_argument("--llama-python", default=".venv-bench/bin/python")
+    ap.add_argument("--no-mismatch", action="store_true", help="skip the sampler-vs-fp32 logprob check")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     console = Console(stderr=True)
@@ -241,6 +269,9 @@ def main() -> None:
         result["systems"][system] = entry
         console.print(f"{system}: {entry['tokens_per_s']} tokens/s", style="dim")
     result["ratios"] = ratios(result["systems"])
+    if not args.no_mismatch:
+        with console.status("sampler vs float32 forward logprobs"):
+            result["logprob_mismatch_vs_fp32_forward"] = logprob_mismatch(model, tok, prompts, args)
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
 

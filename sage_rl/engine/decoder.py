@@ -182,14 +182,15 @@ class NativeRunner:
         T, H, KV, Dh = x_TD.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = torch.cat([F.linear(x_TD, w, b) for w, b in layer.qkv], -1) if len(layer.qkv) > 1 else None
         qkv = qkv if qkv is not None else F.linear(x_TD, *layer.qkv[0])
-        q_THD = qkv[:, : H * Dh].view(T, H, Dh)
-        k_TKD = qkv[:, H * Dh : (H + KV) * Dh].view(T, KV, Dh)
         v_TKD = qkv[:, (H + KV) * Dh :].view(T, KV, Dh)
-        if layer.q_norm is not None:
-            q_THD = F.rms_norm(q_THD, (Dh,), layer.q_norm, self.eps)
-            k_TKD = F.rms_norm(k_TKD, (Dh,), layer.k_norm, self.eps)
-        q_THD = (_rotate(q_THD, cos_T1D, sin_T1D) * self.scaling).to(self.kv_dtype)
-        k_TKD = _rotate(k_TKD, cos_T1D, sin_T1D)
+        if layer.q_norm is None:  # rotate queries and keys in one pass
+            qk_TND = _rotate(qkv[:, : (H + KV) * Dh].view(T, H + KV, Dh), cos_T1D, sin_T1D)
+            q_THD, k_TKD = qk_TND[:, :H], qk_TND[:, H:]
+        else:
+            q_THD = F.rms_norm(qkv[:, : H * Dh].view(T, H, Dh), (Dh,), layer.q_norm, self.eps)
+            k_TKD = F.rms_norm(qkv[:, H * Dh : (H + KV) * Dh].view(T, KV, Dh), (Dh,), layer.k_norm, self.eps)
+            q_THD, k_TKD = _rotate(q_THD, cos_T1D, sin_T1D), _rotate(k_TKD, cos_T1D, sin_T1D)
+        q_THD = (q_THD * self.scaling).to(self.kv_dtype)
         out_THD = torch.empty_like(q_THD)
         if len(caches) == 1:  # one sequence, T new tokens
             cache, start = caches[0], starts[0]
