@@ -93,6 +93,30 @@ def test_unsupported_architectures_are_named():
         NativeRunner(gpt2)
 
 
+def test_a_lora_model_samples_from_its_adapters(tiny):
+    # peft wraps the projections: the policy must run the model's own forward (adapters included),
+    # not read the base weights. Non-zero B matrices make the adapters change the logits.
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = copy.deepcopy(tiny[0]), tiny[1]
+    lora = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    policy = TransformersPolicy(lora, tok, stop_ids=())
+    assert isinstance(policy.engine.runner, HFRunner)
+    prompt = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")
+    out = asyncio.run(policy.generate(PolicyRequest((), tuple(prompt), SamplingParams(temperature=0.0, max_tokens=5))))
+    seq = list(prompt)
+    for token in out.token_ids:  # greedy, token by token, through the adapted model
+        assert token == int(torch.argmax(_reference_logits(lora, seq)[-1]))
+        seq.append(token)
+    with lora.disable_adapter():  # the check above is sensitive: the adapters do change the logits
+        base = _reference_logits(lora, prompt)[-1]
+    assert not torch.allclose(base, _reference_logits(lora, prompt)[-1], atol=1e-2)
+
+
 # ------------------------------------------------------------------ caches
 
 

@@ -26,14 +26,18 @@ import torch.nn.functional as F
 from sage_rl.engine.kv import KVCache
 
 NATIVE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_CLASS_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 PREFILL_CHUNK = 512  # queries per attention block: bounds the scores tensor for long prompts
 
 
 def native_unsupported(model: Any) -> str | None:
     """Why :class:`NativeRunner` cannot run ``model`` (None when it can)."""
-    config = model.config
-    if config.model_type not in NATIVE_TYPES:
-        return f"model_type {config.model_type!r} is not one of {NATIVE_TYPES}"
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in NATIVE_TYPES:
+        return f"model_type {model_type!r} is not one of {NATIVE_TYPES}"
+    if type(model).__name__ != f"{_CLASS_PREFIX[model_type]}ForCausalLM":
+        return f"{type(model).__name__} is not a plain transformers *ForCausalLM (e.g. a peft wrapper)"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"hidden_act {config.hidden_act!r} is not silu"
     if getattr(config, "use_sliding_window", False) or (
@@ -43,6 +47,12 @@ def native_unsupported(model: Any) -> str | None:
     layer_types = getattr(config, "layer_types", None) or ()
     if any(t != "full_attention" for t in layer_types):
         return f"layer types {sorted(set(layer_types))}"
+    # Adapters (peft's LoRA layers) wrap the projections: their own forward must run.
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        projections = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+        if any(type(p) is not torch.nn.Linear for p in projections):
+            return "its projections are not plain torch.nn.Linear (adapters?)"
     return None
 
 

@@ -53,8 +53,11 @@ def draw(
     (the contract of ``sage_rl.policies.transformers_policy``). Greedy rows take the argmax
     and report the plain ``log_softmax`` (temperature 1); they consume no random number."""
     B, V = logits_BV.shape
-    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
-    logp_BV = torch.log_softmax(logits_BV.float() / temps[:, None], dim=-1)
+    temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    scaled_BV = logits_BV.float()
+    if any(t != 1.0 for t in temps):
+        scaled_BV = scaled_BV / torch.tensor(temps)[:, None]
+    logp_BV = torch.log_softmax(scaled_BV, dim=-1)
     for b, p in enumerate(params):
         if _filtered(p, V):
             logp_BV[b] = sampling_logprobs(logits_BV[b], p)
@@ -62,7 +65,8 @@ def draw(
     tokens = logp_BV.argmax(dim=-1)
     if sampled:
         rows = torch.tensor(sampled)
-        cdf_SV = torch.cumsum(logp_BV[rows].double().exp(), dim=-1)
+        probs_SV = (logp_BV if len(sampled) == B else logp_BV[rows]).exp()
+        cdf_SV = torch.cumsum(probs_SV, dim=-1, dtype=torch.float64)
         u_S1 = torch.tensor([[streams[b].random()] for b in sampled], dtype=torch.float64)
         # First token whose cumulative mass exceeds u * total: never a zero-probability token.
         picked = torch.searchsorted(cdf_SV, u_S1 * cdf_SV[:, -1:], right=True)[:, 0]
