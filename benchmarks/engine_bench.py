@@ -50,13 +50,20 @@ def workload(renderer: ChatRenderer, tok, args) -> tuple[list[list[int]], list[i
     i = 0
     while len(tok.encode("\n".join(lines))) < args.prompt - 120:
         app, verb = APPS[i % len(APPS)], VERBS[(i // len(APPS)) % len(VERBS)]
-        lines.append(f"apis.{app}.{verb}_item_{i}(access_token: str, query: str = '', page_index: int = 0) -> dict: {verb} one {app} item.")
+        lines.append(
+            f"apis.{app}.{verb}_item_{i}(access_token: str, query: str = '', page_index: int = 0) -> dict: {verb} one {app} item."
+        )
         i += 1
     system = "\n".join(lines)
     prompts = []
     for e in range(args.episodes):
-        task = f"Task {e // args.group}: find every {APPS[e // args.group % len(APPS)]} item about the trip in May, " * 4
-        prompts.append(renderer.prompt_ids([{"role": "system", "content": system}, {"role": "user", "content": task}]))
+        task = (
+            f"Task {e // args.group}: find every {APPS[e // args.group % len(APPS)]} item about the trip in May, "
+            * 4
+        )
+        prompts.append(
+            renderer.prompt_ids([{"role": "system", "content": system}, {"role": "user", "content": task}])
+        )
     obs = renderer.observation_ids(OBS * max(1, round(args.obs / 60)), [])
     return prompts, obs
 
@@ -124,7 +131,9 @@ def run_llama_cpp(python: str, prompts, obs, args) -> dict:
     job |= {"turns": args.turns, "gen": args.gen}
     load0 = os.getloadavg()[0]
     script = Path(__file__).with_name("llama_cpp_turns.py")
-    proc = subprocess.run([python, str(script)], input=json.dumps(job), capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [python, str(script)], input=json.dumps(job), capture_output=True, text=True, check=True
+    )
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     return {
         "tokens": r["tokens"],

@@ -22,7 +22,14 @@ torch.set_num_threads(1)
 
 
 def _tiny(kind: str):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     config_cls, model_cls = {
         "llama": (LlamaConfig, LlamaForCausalLM),
@@ -107,7 +114,9 @@ def test_a_lora_model_samples_from_its_adapters(tiny):
     policy = TransformersPolicy(lora, tok, stop_ids=())
     assert isinstance(policy.engine.runner, HFRunner)
     prompt = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")
-    out = asyncio.run(policy.generate(PolicyRequest((), tuple(prompt), SamplingParams(temperature=0.0, max_tokens=5))))
+    out = asyncio.run(
+        policy.generate(PolicyRequest((), tuple(prompt), SamplingParams(temperature=0.0, max_tokens=5)))
+    )
     seq = list(prompt)
     for token in out.token_ids:  # greedy, token by token, through the adapted model
         assert token == int(torch.argmax(_reference_logits(lora, seq)[-1]))
@@ -243,7 +252,9 @@ def test_a_group_prefills_its_shared_prompt_once(tiny):
     assert len({o.token_ids for o in outs}) == G  # still G different samples
     alone = TransformersPolicy(model, tok, stop_ids=(), max_batch=1)
     for o in outs:  # each equals its request sampled alone, from scratch
-        again = asyncio.run(alone.generate(PolicyRequest((), tuple(prompt), SamplingParams(max_tokens=6, seed=1))))
+        again = asyncio.run(
+            alone.generate(PolicyRequest((), tuple(prompt), SamplingParams(max_tokens=6, seed=1)))
+        )
         assert again.token_ids == o.token_ids
         assert again.logprobs == pytest.approx(o.logprobs, abs=1e-4)
         alone.engine.reset()

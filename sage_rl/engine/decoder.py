@@ -7,12 +7,13 @@ append to the caches and return the float32 logits of the last fed position(s). 
 re-reads the model's weights when they have changed since the last call (a trainer updates the
 model object in place) and says so, so that the caller drops the caches computed with the old ones.
 
-:class:`NativeRunner` (Llama, Mistral, Qwen2, Qwen3 without sliding windows) batches every linear
-layer over the rows of a decode step, and computes each row's attention over its own cache (no
-padding, no cache copies: a transformers ``DynamicCache`` re-concatenates the whole cache at every
-step). Its weights are views of the model's parameters when ``dtype`` is the model's own, or a
-converted copy (``q|k|v`` and ``gate|up`` fused) otherwise, e.g. bfloat16 compute for a float32
-model on a CPU with AVX512-BF16: about 3x less time in the matrix products (docs/LOG.md).
+:class:`NativeRunner` (plain Llama, Mistral, Qwen2 and Qwen3 models, without sliding windows or
+adapters) batches every linear layer over the rows of a decode step, and computes each row's
+attention over its own cache (no padding, no cache copies: a transformers ``DynamicCache``
+re-concatenates the whole cache at every step). Its weights are views of the model's parameters
+when ``dtype`` is the model's own, or a converted copy (``q|k|v`` and ``gate|up`` fused) otherwise,
+e.g. bfloat16 compute for a float32 model on a CPU with AVX512-BF16: about 3x less time in the
+matrix products. On a CPU the cache and the attention stay float32 (faster there; docs/LOG.md).
 """
 
 from __future__ import annotations
@@ -171,7 +172,9 @@ class NativeRunner:
         h_BD = F.rms_norm(h_BD, h_BD.shape[-1:], self.norm, self.eps)
         return F.linear(h_BD, self.lm_head).float()
 
-    def _forward(self, ids: list[int], pos_T: torch.Tensor, caches: list[KVCache], starts: list[int]) -> torch.Tensor:
+    def _forward(
+        self, ids: list[int], pos_T: torch.Tensor, caches: list[KVCache], starts: list[int]
+    ) -> torch.Tensor:
         """Hidden states ``[T, D]`` for T tokens: either one sequence's chunk (``caches`` has one
         element) or one token per sequence (``len(caches) == T``)."""
         ids_T = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -289,10 +292,15 @@ class HFRunner:
 
 def _probe_cache_shape(model: Any) -> tuple[int, int, int]:
     with torch.inference_mode():
-        out = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device), use_cache=True)
+        out = model(
+            input_ids=torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device),
+            use_cache=True,
+        )
     layers = getattr(out.past_key_values, "layers", None)
     if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
-        raise ValueError(f"unsupported cache type for {type(model).__name__}: {type(out.past_key_values).__name__}")
+        raise ValueError(
+            f"unsupported cache type for {type(model).__name__}: {type(out.past_key_values).__name__}"
+        )
     _, heads, _, dim = layers[0].keys.shape
     return len(layers), heads, dim
 

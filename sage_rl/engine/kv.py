@@ -47,7 +47,9 @@ class KVCache:
         capacity = max(_MIN_CAPACITY, self.kv.shape[3])
         while capacity < need:
             capacity *= 2
-        grown = torch.empty((self.layers, 2, self.heads, capacity, self.dim), dtype=self.dtype, device=self.device)
+        grown = torch.empty(
+            (self.layers, 2, self.heads, capacity, self.dim), dtype=self.dtype, device=self.device
+        )
         grown[:, :, :, : len(self)] = self.kv[:, :, :, : len(self)]
         self.kv = grown
 
