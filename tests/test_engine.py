@@ -126,6 +126,26 @@ def test_a_lora_model_samples_from_its_adapters(tiny):
     assert not torch.allclose(base, _reference_logits(lora, prompt)[-1], atol=1e-2)
 
 
+def test_another_architecture_samples_through_its_own_forward_with_caches(tiny):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = tiny[1]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=len(tok))).eval()
+    prompt = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")
+    obs = tok.encode("<|im_end|>\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n")
+    greedy = SamplingParams(temperature=0.0, max_tokens=6)
+    policy = TransformersPolicy(gpt2, tok, stop_ids=())
+    assert isinstance(policy.engine.runner, HFRunner)
+    first, second, second_prompt = _turns(policy, prompt, obs, greedy)
+    assert policy.stats.reused_tokens == len(prompt) + len(first.token_ids) - 1
+    seq = list(second_prompt)
+    for token in second.token_ids:  # the cached turn equals greedy decoding from scratch
+        assert token == int(torch.argmax(_reference_logits(gpt2, seq)[-1]))
+        seq.append(token)
+
+
 # ------------------------------------------------------------------ caches
 
 
