@@ -101,8 +101,8 @@ def test_unsupported_architectures_are_named():
 
 
 def test_a_lora_model_samples_from_its_adapters(tiny):
-    # peft wraps the projections: the policy must run the model's own forward (adapters included),
-    # not read the base weights. Non-zero B matrices make the adapters change the logits.
+    # peft wraps the projections; the native runner folds the active adapters into its weights.
+    # Non-zero B matrices make the adapters change the logits.
     from peft import LoraConfig, get_peft_model
 
     model, tok = copy.deepcopy(tiny[0]), tiny[1]
@@ -112,18 +112,23 @@ def test_a_lora_model_samples_from_its_adapters(tiny):
             if "lora_B" in name:
                 p.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
     policy = TransformersPolicy(lora, tok, stop_ids=())
-    assert isinstance(policy.engine.runner, HFRunner)
+    assert isinstance(policy.engine.runner, NativeRunner)
     prompt = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")
-    out = asyncio.run(
-        policy.generate(PolicyRequest((), tuple(prompt), SamplingParams(temperature=0.0, max_tokens=5)))
-    )
-    seq = list(prompt)
-    for token in out.token_ids:  # greedy, token by token, through the adapted model
-        assert token == int(torch.argmax(_reference_logits(lora, seq)[-1]))
-        seq.append(token)
-    with lora.disable_adapter():  # the check above is sensitive: the adapters do change the logits
-        base = _reference_logits(lora, prompt)[-1]
-    assert not torch.allclose(base, _reference_logits(lora, prompt)[-1], atol=1e-2)
+    greedy = PolicyRequest((), tuple(prompt), SamplingParams(temperature=0.0, max_tokens=5))
+
+    def check(out):  # greedy, token by token, through peft's own forward
+        seq = list(prompt)
+        for token in out.token_ids:
+            assert token == int(torch.argmax(_reference_logits(lora, seq)[-1]))
+            seq.append(token)
+
+    adapted = asyncio.run(policy.generate(greedy))
+    check(adapted)
+    with lora.disable_adapter():  # no parameter changes, but the model computes something else
+        base = asyncio.run(policy.generate(greedy))
+        check(base)
+    assert base.token_ids != adapted.token_ids  # so the checks above are sensitive to the adapters
+    check(asyncio.run(policy.generate(greedy)))  # enabled again
 
 
 def test_another_architecture_samples_through_its_own_forward_with_caches(tiny):

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from sage_rl.engine.adapters import adapter_state, effective_linear, projection_problem, unwrap
 from sage_rl.engine.kv import KVCache
 
 NATIVE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -32,13 +33,17 @@ PREFILL_CHUNK = 512  # queries per attention block: bounds the scores tensor for
 
 
 def native_unsupported(model: Any) -> str | None:
-    """Why :class:`NativeRunner` cannot run ``model`` (None when it can)."""
+    """Why :class:`NativeRunner` cannot run ``model`` (None when it can). A peft LoRA wrapper
+    around a supported model is supported (``adapters.py``)."""
+    model = unwrap(model)
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in NATIVE_TYPES:
         return f"model_type {model_type!r} is not one of {NATIVE_TYPES}"
     if type(model).__name__ != f"{_CLASS_PREFIX[model_type]}ForCausalLM":
-        return f"{type(model).__name__} is not a plain transformers *ForCausalLM (e.g. a peft wrapper)"
+        return f"{type(model).__name__} is not a plain transformers *ForCausalLM"
+    if getattr(config, "mlp_bias", False):
+        return "MLP biases"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"hidden_act {config.hidden_act!r} is not silu"
     if getattr(config, "use_sliding_window", False) or (
@@ -48,19 +53,21 @@ def native_unsupported(model: Any) -> str | None:
     layer_types = getattr(config, "layer_types", None) or ()
     if any(t != "full_attention" for t in layer_types):
         return f"layer types {sorted(set(layer_types))}"
-    # Adapters (peft's LoRA layers) wrap the projections: their own forward must run.
+    if type(model.lm_head) is not torch.nn.Linear or type(model.model.embed_tokens) is not torch.nn.Embedding:
+        return "the embedding or the LM head is wrapped (peft modules_to_save?)"
     for layer in model.model.layers:
         a, m = layer.self_attn, layer.mlp
-        projections = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
-        if any(type(p) is not torch.nn.Linear for p in projections):
-            return "its projections are not plain torch.nn.Linear (adapters?)"
+        for p in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj):
+            problem = projection_problem(p)
+            if problem:
+                return problem
     return None
 
 
-def _signature(model: Any) -> tuple[tuple[int, int], ...]:
+def _signature(model: Any) -> tuple:
     # In-place updates (optimizer steps, load_state_dict) bump a tensor's version counter;
     # replaced parameters change the data pointer.
-    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+    return tuple((p.data_ptr(), p._version) for p in model.parameters()), adapter_state(model)
 
 
 @dataclasses.dataclass
@@ -76,8 +83,8 @@ class _Layer:
 
 
 def _linear(m: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
-    b = m.bias.detach().to(dtype) if m.bias is not None else None
-    return m.weight.detach().to(dtype), b
+    w, b, _ = effective_linear(m)
+    return w.to(dtype), (b.to(dtype) if b is not None else None)
 
 
 def _fuse(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -93,13 +100,13 @@ class NativeRunner:
         reason = native_unsupported(model)
         if reason:
             raise ValueError(f"NativeRunner cannot run this model: {reason}")
-        self.model = model
-        inner = model.model
+        self.model, self.hf = model, unwrap(model)  # hf: the transformers model (inside peft)
+        inner = self.hf.model
         attn = inner.layers[0].self_attn
         self.dtype = dtype or inner.embed_tokens.weight.dtype
         self.device = inner.embed_tokens.weight.device
-        self.heads = model.config.num_attention_heads
-        self.kv_heads = model.config.num_key_value_heads
+        self.heads = self.hf.config.num_attention_heads
+        self.kv_heads = self.hf.config.num_key_value_heads
         self.head_dim = attn.head_dim
         self.scaling = getattr(attn, "scaling", self.head_dim**-0.5)
         self.eps = inner.norm.variance_epsilon
@@ -117,11 +124,11 @@ class NativeRunner:
         if signature == self._signature:
             return False
         self._signature = signature
-        inner, dt = self.model.model, self.dtype
-        copy = dt != inner.embed_tokens.weight.dtype
+        inner, dt = self.hf.model, self.dtype
+        copy = dt != inner.embed_tokens.weight.dtype or self.hf is not self.model  # LoRA: folded copies
         self.embed = inner.embed_tokens.weight.detach().to(dt)
         self.norm = inner.norm.weight.detach().to(dt)
-        head = self.model.lm_head.weight
+        head = self.hf.lm_head.weight
         same = head.data_ptr() == inner.embed_tokens.weight.data_ptr()
         self.lm_head = self.embed if same else head.detach().to(dt)
         self.layers = [self._layer(layer, dt, fuse=copy) for layer in inner.layers]
@@ -131,7 +138,7 @@ class NativeRunner:
     def _layer(layer: Any, dt: torch.dtype, fuse: bool) -> _Layer:
         a, m = layer.self_attn, layer.mlp
         qkv = [_linear(a.q_proj, dt), _linear(a.k_proj, dt), _linear(a.v_proj, dt)]
-        gate_up = [m.gate_proj.weight.detach().to(dt), m.up_proj.weight.detach().to(dt)]
+        gate_up = [_linear(m.gate_proj, dt)[0], _linear(m.up_proj, dt)[0]]
         norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
         return _Layer(
             in_norm=layer.input_layernorm.weight.detach().to(dt),
@@ -139,7 +146,7 @@ class NativeRunner:
             qkv=[_fuse(qkv)] if fuse else qkv,
             o=_linear(a.o_proj, dt),
             gate_up=[torch.cat(gate_up)] if fuse else gate_up,
-            down=m.down_proj.weight.detach().to(dt),
+            down=_linear(m.down_proj, dt)[0],
             q_norm=norm[0].weight.detach().to(dt) if norm[0] is not None else None,
             k_norm=norm[1].weight.detach().to(dt) if norm[1] is not None else None,
         )
@@ -179,7 +186,7 @@ class NativeRunner:
         element) or one token per sequence (``len(caches) == T``)."""
         ids_T = torch.tensor(ids, dtype=torch.long, device=self.device)
         h_TD = F.embedding(ids_T, self.embed)
-        cos, sin = self.model.model.rotary_emb(h_TD, pos_T.to(self.device)[None])
+        cos, sin = self.hf.model.rotary_emb(h_TD, pos_T.to(self.device)[None])
         cos_T1D, sin_T1D = cos[0, :, None, :], sin[0, :, None, :]
         for i, layer in enumerate(self.layers):
             x_TD = F.rms_norm(h_TD, h_TD.shape[-1:], layer.in_norm, self.eps)
