@@ -9,7 +9,9 @@ temperature 1), and a fixed observation of about ``--obs`` tokens appended after
   left-padded into one batch and ``model.generate`` (the model as loaded, float32).
 - ``policy_<dtype>``: ``TransformersPolicy`` (one coroutine per episode), per compute dtype.
 - ``llama_cpp``: llama-cpp-python on the same GGUF, one episode after another, when a bench venv
-  has it (``--llama-python``, default ``.venv-bench/bin/python``); skipped otherwise.
+  has it (``--llama-python``, default ``.venv-bench/bin/python``); skipped otherwise. PyPI has no
+  CPU wheel of it, so it builds from source (about 20 minutes on 2 cores):
+  ``python3 -m venv .venv-bench && .venv-bench/bin/pip install llama-cpp-python==0.3.36``.
 
     .venv/bin/python benchmarks/engine_bench.py [--threads 2] [--systems policy_bf16,policy_fp32,hf_generate,llama_cpp]
 
