@@ -113,7 +113,14 @@ def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
 
     if model is None:
         model, tokenizer = load_model(p.model, device=p.device)
-    return TransformersPolicy(model, tokenizer, params=params, max_batch=p.max_batch)
+    return TransformersPolicy(
+        model,
+        tokenizer,
+        params=params,
+        max_batch=p.max_batch,
+        dtype=p.dtype,
+        cache_bytes=int(p.cache_gib * 2**30),
+    )
 
 
 def build_collect_policy(cfg: CollectConfig) -> Policy:

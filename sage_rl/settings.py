@@ -40,6 +40,11 @@ class PolicyConfig(Section):
     timeout_s: float = Field(120.0, gt=0, description="openai: seconds per request")
     max_batch: int = Field(8, ge=1, description="transformers: sequences sampled together")
     device: str = "auto"  # transformers: "cpu", "cuda" or "auto"
+    #: transformers: the sampling engine's compute dtype. null = the model's own (float32 for
+    #: SmolLM2: logprobs match the trainer's); "bfloat16"; "auto" = bf16 where the CPU or GPU has
+    #: fast bf16 (the trainer recomputes old logprobs in its own precision: docs/policies.md).
+    dtype: Literal["auto", "bfloat16", "float32"] | None = None
+    cache_gib: float = Field(2.0, gt=0, description="transformers: KV caches kept between turns")
     expert_seed: int = 0  # scripted: seed of its variation in names and doc lookups
 
 

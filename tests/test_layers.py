@@ -28,7 +28,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("rollout core and evaluation", ("sage_rl.rollout", "sage_rl.eval")),
     (
         "agent, policies, skills",
-        ("sage_rl.agent", "sage_rl.policies", "sage_rl.skills", "sage_rl.data", "sage_rl.models"),
+        (
+            "sage_rl.agent",
+            "sage_rl.policies",
+            "sage_rl.engine",
+            "sage_rl.skills",
+            "sage_rl.data",
+            "sage_rl.models",
+        ),
     ),
     ("environments and sandbox", ("sage_rl.envs", "sage_rl.sandbox")),
     ("core types and config", ("sage_rl.types", "sage_rl.config", "sage_rl")),

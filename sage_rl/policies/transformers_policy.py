@@ -2,14 +2,27 @@
 
 Concurrent ``generate`` calls are queued. A sampling thread (so the event loop keeps running
 sandboxes and environments meanwhile) keeps a batch of up to ``max_batch`` sequences in flight
-with one KV cache: between two decode steps it admits queued requests (a left-padded prefill
-whose cache is merged into the batch's), and each sequence leaves as soon as it stops on a stop
-id or on its ``max_tokens``. When the thread starts from idle it first waits ``batch_wait_s`` so
-that requests made together start together.
+(``sage_rl.engine``): between two decode steps it admits queued requests, and each sequence leaves
+as soon as it stops on a stop id or on its ``max_tokens``. When the thread starts from idle it
+first waits ``batch_wait_s`` so that requests made together start together.
+
+KV caches are kept between turns. A request reuses the cached sequence sharing the longest prefix
+with its ``prompt_ids``: the next turn of an episode prefills only its new observation tokens, and
+the G chains of a group prefill their common opening once. The keys of a prefix depend only on its
+tokens and the weights, so reuse is exact (up to float rounding: a prefix computed token by token
+and one computed in a single pass round differently); every cache is dropped when the weights change.
 
 The model object is used as it is, never copied: a trainer may update it between calls, so
-samples always come from the current weights (on-policy). ``torch.inference_mode`` wraps only
-sampling, and the model's train/eval mode is restored when the thread goes idle.
+samples always come from the current weights (on-policy). They are re-read at each admission
+(a ``dtype`` other than the model's keeps a converted copy, refreshed then). ``torch.inference_mode``
+wraps only sampling, and the model's train/eval mode is restored when the thread goes idle.
+
+Precision: ``dtype`` is the compute dtype of sampling (None = the model's own, e.g. float32;
+``"bfloat16"``; ``"auto"`` = bfloat16 where the hardware computes it natively, i.e. a CPU with
+AVX512-BF16 or AMX, or a CUDA GPU with bf16, else the model's own). Logits are taken to float32
+before sampling, but in bfloat16 they are those of a bfloat16 forward pass: the logprobs differ
+from a float32 trainer's by the rounding of the whole network (``logprob_mismatch``), so a trainer
+must compute its old logprobs itself rather than trust the sampler's.
 
 Logprobs (contract): each returned logprob is ``log p(token)`` under the distribution the token
 was actually sampled from: ``log_softmax(logits / temperature)`` after top-k and top-p filtering,
@@ -19,9 +32,9 @@ ratio must apply the same temperature (top-k/top-p are off by default).
 
 Seeds (contract): ``SamplingParams.seed`` seeds a stream, not a single draw. The n-th request
 arriving with seed s samples with the n-th child seed drawn from s, independently of which other
-sequences share its batch. So G identical requests (a GRPO group) get G different samples, and a
-rerun that submits the same requests in the same order reproduces them. ``seed=None`` is not
-reproducible.
+sequences share its batch and of what is cached. So G identical requests (a GRPO group) get G
+different samples, and a rerun that submits the same requests in the same order reproduces them.
+``seed=None`` is not reproducible.
 """
 
 from __future__ import annotations
@@ -36,7 +49,11 @@ from typing import Any
 
 import torch
 
+from sage_rl.engine.engine import Engine, EngineStats, Row
+from sage_rl.engine.sampler import sampling_logprobs
 from sage_rl.policies.base import Completion, PolicyRequest, SamplingParams
+
+__all__ = ["EngineStats", "TransformersPolicy", "resolve_dtype", "sampling_logprobs"]
 
 
 @dataclasses.dataclass
@@ -47,13 +64,31 @@ class _Pending:
     future: asyncio.Future[Completion]
 
 
-@dataclasses.dataclass
-class BatchStats:
-    """Counters of the sampling thread, for tests and benchmarks."""
+def resolve_dtype(dtype: torch.dtype | str | None, model: Any) -> torch.dtype | None:
+    """``None``/"model" -> None (the model's own), a name or dtype -> that dtype, ``"auto"`` ->
+    bfloat16 where the hardware computes it natively, else None."""
+    if dtype is None or dtype == "model":
+        return None
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        device = next(model.parameters()).device
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+        return torch.bfloat16 if device.type == "cpu" and _cpu_has_bf16() else None
+    resolved = getattr(torch, str(dtype), None)
+    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
+        raise ValueError(f"dtype must be None, 'auto', 'model' or a float dtype name, got {dtype!r}")
+    return resolved
 
-    steps: int = 0  # forward passes (prefills and decode steps)
-    max_rows: int = 0  # most sequences in flight at once
-    admitted_at: list[int] = dataclasses.field(default_factory=list)  # ``steps`` at each admission
+
+def _cpu_has_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 class TransformersPolicy:
@@ -61,7 +96,9 @@ class TransformersPolicy:
 
     ``params`` are the defaults of :meth:`complete`; :meth:`generate` follows ``request.params``
     (the agent loop sets each turn's ``max_tokens`` there). ``stop_ids`` default to the chat
-    template's end-of-turn token and the eos token (``ChatRenderer.stop_ids``).
+    template's end-of-turn token and the eos token (``ChatRenderer.stop_ids``). ``renderer`` is
+    the ``ChatRenderer`` of the tokenizer. ``dtype``: see "Precision" above; ``cache_bytes``: memory
+    for the KV caches kept between turns.
     """
 
     def __init__(
@@ -73,6 +110,8 @@ class TransformersPolicy:
         batch_wait_s: float = 0.005,
         stop_ids: Sequence[int] | None = None,
         name: str | None = None,
+        dtype: torch.dtype | str | None = None,
+        cache_bytes: int = 2 << 30,
     ) -> None:
         from sage_rl.agent.render import ChatRenderer
 
@@ -80,23 +119,27 @@ class TransformersPolicy:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model, self.tokenizer, self.params = model, tokenizer, params
         self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
-        self._renderer = ChatRenderer(tokenizer)
-        self.renderer = self._renderer  # Policy.renderer: the agent loop renders with this same one
-        self.stop_ids = tuple(stop_ids) if stop_ids is not None else self._renderer.stop_ids
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+        self.renderer = ChatRenderer(tokenizer)  # Policy.renderer: the agent loop renders with this one
+        self.stop_ids = tuple(stop_ids) if stop_ids is not None else self.renderer.stop_ids
         self.name = name or f"transformers:{getattr(model.config, 'name_or_path', '') or 'model'}"
-        self.stats = BatchStats()
+        self.dtype = resolve_dtype(dtype, model)
+        with torch.inference_mode():
+            self.engine = Engine(model, self.stop_ids, self.dtype, cache_bytes)
         self._streams: dict[int | None, random.Random] = {}
         self._pending: list[_Pending] = []
         self._lock = threading.Lock()  # guards _pending and _running (event loop vs sampling thread)
         self._running = False
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.engine.stats
 
     async def generate(self, request: PolicyRequest) -> Completion:
         """Sample one turn for ``request.prompt_ids`` (or, if None, its rendered ``messages``)."""
         if request.prompt_ids is not None:
             ids = list(request.prompt_ids)
         else:
-            ids = self._renderer.prompt_ids(request.messages)
+            ids = self.renderer.prompt_ids(request.messages)
         if not ids:
             raise ValueError("empty prompt: a request needs prompt_ids or messages")
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
@@ -127,16 +170,14 @@ class TransformersPolicy:
     def _serve(self) -> None:
         was_training = self.model.training
         self.model.eval()
-        batch = _Batch(self.model, self.pad_id, self.stop_ids)
         try:
             with torch.inference_mode():
                 stopped = False
                 while not stopped:
-                    room = self.max_batch - len(batch.rows) if batch.can_admit or not batch.rows else 0
-                    results = self._advance(batch, self._take(room))
+                    results = self._advance(self._take(self.max_batch - len(self.engine.rows)))
                     # Stop (restoring the model's mode) *before* handing out the last results, so
                     # that nothing touches the model once its callers have their answers.
-                    stopped = not batch.rows and self._stop_if_idle(was_training)
+                    stopped = not self.engine.rows and self._stop_if_idle(was_training)
                     for future, outcome in results:
                         _resolve(future, outcome)
         except BaseException:
@@ -161,8 +202,8 @@ class TransformersPolicy:
             self._running = False  # from here on, a new request starts a new thread
             return True
 
-    def _advance(self, batch: _Batch, new: list[_Pending]) -> list[tuple[asyncio.Future, Any]]:
-        """One forward pass (a prefill admitting ``new``, else a decode step). Returns the finished
+    def _advance(self, new: list[_Pending]) -> list[tuple[asyncio.Future, Any]]:
+        """One scheduler step (admitting ``new``, else a decode step). Returns the finished
         requests' futures with their ``Completion`` (or the exception that failed them)."""
         results: list[tuple[asyncio.Future, Any]] = [
             (p.future, Completion("", (), (), "length", len(p.prompt_ids), 0))
@@ -170,23 +211,24 @@ class TransformersPolicy:
             if p.params.max_tokens <= 0
         ]
         new = [p for p in new if p.params.max_tokens > 0]
-        in_flight = [r.pending for r in batch.rows] + new
+        engine = self.engine
+        in_flight = [r.request for r in engine.rows] + new
         try:
             if new:
-                batch.admit(new)
-                self.stats.admitted_at.append(self.stats.steps)
-            elif batch.rows:
-                batch.step()
+                engine.stats.admitted_at.append(engine.stats.steps)
+                engine.admit(new)
+            elif engine.rows:
+                engine.step()
             else:
                 return results
-            self.stats.steps += 1
-            self.stats.max_rows = max(self.stats.max_rows, len(batch.rows))
+            engine.stats.steps += 1
         except Exception as e:  # fail the requests in flight, keep serving the queue
-            batch.reset()
+            engine.reset()
             return results + [(p.future, e) for p in in_flight]
-        return results + [(row.pending.future, self._completion(row)) for row in batch.pop_finished()]
+        finished = engine.pop_finished(abandoned=lambda p: p.future.done())
+        return results + [(row.request.future, self._completion(row)) for row in finished]
 
-    def _completion(self, row: _Row) -> Completion:
+    def _completion(self, row: Row) -> Completion:
         ids = tuple(row.ids)
         body = ids[:-1] if row.finish == "stop" else ids
         return Completion(
@@ -194,7 +236,7 @@ class TransformersPolicy:
             token_ids=ids,
             logprobs=tuple(row.logprobs),
             finish_reason=row.finish or "length",
-            prompt_tokens=len(row.pending.prompt_ids),
+            prompt_tokens=len(row.request.prompt_ids),
             completion_tokens=len(ids),
         )
 
@@ -212,172 +254,3 @@ def _resolve(future: asyncio.Future[Completion], outcome: Completion | BaseExcep
 
     with contextlib.suppress(RuntimeError):  # its event loop has closed: nobody is waiting any more
         future.get_loop().call_soon_threadsafe(settle)
-
-
-# -------------------------------------------------------------------- sampling math
-
-
-def sampling_logprobs(logits_V: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Log-probabilities of the distribution to sample from, over the vocabulary.
-
-    ``logits / temperature``, then top-k (keep the k largest), then top-p (keep the smallest
-    prefix of tokens, by decreasing probability, whose mass reaches p), renormalised; removed
-    tokens get ``-inf``. ``temperature <= 0`` returns the plain ``log_softmax(logits)``.
-    """
-    logits = logits_V.float()
-    if params.temperature <= 0:
-        return torch.log_softmax(logits, dim=-1)
-    logits = logits / params.temperature
-    if 0 < params.top_k < logits.numel():
-        kth = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        mass_before = torch.cumsum(probs, dim=-1) - probs  # the first token is always kept
-        drop = order[mass_before >= params.top_p]
-        logits = logits.index_fill(0, drop, float("-inf"))
-    return torch.log_softmax(logits, dim=-1)
-
-
-def _draw(logits_V: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
-    logp_V = sampling_logprobs(logits_V, params)
-    if params.temperature <= 0:
-        token = int(torch.argmax(logp_V))
-    else:
-        token = int(torch.multinomial(logp_V.exp(), 1, generator=generator))
-    return token, float(logp_V[token])
-
-
-def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids_BT = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask_BT = torch.zeros((len(prompts), width), dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids_BT[b, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-        mask_BT[b, width - len(p) :] = 1
-    return ids_BT, mask_BT
-
-
-def _pad_left(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    """Zero-pad ``x`` on the left of dimension ``dim`` (a negative index) to ``width``."""
-    missing = width - x.shape[dim]
-    if missing == 0:
-        return x
-    pad = [0, 0] * (-dim - 1) + [missing, 0]
-    return torch.nn.functional.pad(x, pad)
-
-
-@dataclasses.dataclass
-class _Row:
-    pending: _Pending
-    generator: torch.Generator
-    ids: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    finish: str | None = None  # "stop" | "length" once finished
-
-
-class _Batch:
-    """The sequences in flight and their shared KV cache; used by the sampling thread only.
-
-    Rows are left-padded to a common width (``mask_BT`` = 0 on padding); positions are counted
-    per row from its first real token (``pos_B`` = position of its last fed token), so a row
-    computes the same thing whatever shares its batch. New rows are prefilled on their own and
-    their cache is merged in (padding the shorter side on the left).
-    """
-
-    def __init__(self, model: Any, pad_id: int, stop_ids: Sequence[int]) -> None:
-        self.model, self.pad_id, self.stop_ids = model, pad_id, frozenset(stop_ids)
-        self.device = next(model.parameters()).device
-        self.can_admit = True  # False once the cache turns out not to be mergeable
-        self.reset()
-
-    def reset(self) -> None:
-        self.rows: list[_Row] = []
-        self.cache: Any = None
-        self.mask_BT = torch.zeros((0, 0), dtype=torch.long)
-        self.pos_B = torch.zeros((0,), dtype=torch.long)
-
-    def _forward(self, ids_BT: torch.Tensor, pos_BT: torch.Tensor, cache: Any, mask_BT: torch.Tensor) -> Any:
-        return self.model(
-            input_ids=ids_BT.to(self.device),
-            attention_mask=mask_BT.to(self.device),
-            position_ids=pos_BT.to(self.device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-
-    def _sample_into(self, rows: Sequence[_Row], logits_B1V: torch.Tensor) -> None:
-        logits_BV = logits_B1V[:, -1, :].float().cpu()
-        for row, logits_V in zip(rows, logits_BV, strict=True):
-            token, logprob = _draw(logits_V, row.pending.params, row.generator)
-            row.ids.append(token)
-            row.logprobs.append(logprob)
-            if token in self.stop_ids:
-                row.finish = "stop"
-            elif len(row.ids) >= row.pending.params.max_tokens:
-                row.finish = "length"
-
-    def admit(self, new: Sequence[_Pending]) -> None:
-        """Prefill ``new`` requests, draw their first tokens and add them to the batch."""
-        rows = [_Row(p, torch.Generator().manual_seed(p.seed)) for p in new]
-        ids_BT, mask_BT = _left_pad([p.prompt_ids for p in new], self.pad_id)
-        pos_BT = (mask_BT.cumsum(-1) - 1).clamp(min=0)
-        out = self._forward(ids_BT, pos_BT, None, mask_BT)
-        self._sample_into(rows, out.logits)
-        layers = getattr(out.past_key_values, "layers", None)
-        self.can_admit = layers is not None and all(
-            type(layer).__name__ == "DynamicLayer" for layer in layers
-        )
-        if not self.rows:
-            self.rows, self.cache, self.mask_BT, self.pos_B = (
-                rows,
-                out.past_key_values,
-                mask_BT,
-                pos_BT[:, -1],
-            )
-            return
-        width = max(self.mask_BT.shape[1], mask_BT.shape[1])
-        for mine, theirs in zip(self.cache.layers, out.past_key_values.layers, strict=True):
-            mine.keys = torch.cat([_pad_left(mine.keys, width, -2), _pad_left(theirs.keys, width, -2)])
-            mine.values = torch.cat([_pad_left(mine.values, width, -2), _pad_left(theirs.values, width, -2)])
-        self.mask_BT = torch.cat([_pad_left(self.mask_BT, width, -1), _pad_left(mask_BT, width, -1)])
-        self.pos_B = torch.cat([self.pos_B, pos_BT[:, -1]])
-        self.rows += rows
-
-    def step(self) -> None:
-        """Feed every row its last sampled token and draw the next one."""
-        last_B1 = torch.tensor([[row.ids[-1]] for row in self.rows], dtype=torch.long)
-        self.mask_BT = torch.cat([self.mask_BT, torch.ones((len(self.rows), 1), dtype=torch.long)], dim=1)
-        self.pos_B = self.pos_B + 1
-        out = self._forward(last_B1, self.pos_B[:, None], self.cache, self.mask_BT)
-        self.cache = out.past_key_values
-        self._sample_into(self.rows, out.logits)
-
-    def pop_finished(self) -> list[_Row]:
-        """Remove finished rows (and rows whose caller stopped waiting); return them."""
-        done = [r.finish is not None or r.pending.future.done() for r in self.rows]
-        if not any(done):
-            return []
-        finished = [r for r, d in zip(self.rows, done, strict=True) if d]
-        keep = [i for i, d in enumerate(done) if not d]
-        if not keep:
-            self.reset()
-            return finished
-        self.cache.batch_select_indices(torch.tensor(keep, device=self.device))
-        self.rows, self.mask_BT, self.pos_B = (
-            [self.rows[i] for i in keep],
-            self.mask_BT[keep],
-            self.pos_B[keep],
-        )
-        self._trim()
-        return finished
-
-    def _trim(self) -> None:
-        # Columns that are padding for every remaining row cost compute and mean nothing.
-        first = int(self.mask_BT.any(dim=0).nonzero()[0])
-        if first > 0 and self.can_admit:
-            for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
-            self.mask_BT = self.mask_BT[:, first:]

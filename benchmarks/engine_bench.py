@@ -1,0 +1,303 @@
+"""The local engine against plain transformers ``generate`` (and llama.cpp), side by side (issue 16).
+
+An agent-like multi-turn workload: ``--episodes`` concurrent episodes in groups of ``--group``
+(the chains of a group share their whole prompt; all episodes share a system prompt), a prompt of
+about ``--prompt`` tokens, ``--turns`` turns of exactly ``--gen`` sampled tokens (stop ids off,
+temperature 1), and a fixed observation of about ``--obs`` tokens appended after each turn.
+
+- ``hf_generate``: what a user writes with transformers: each turn, the episodes' whole sequences
+  left-padded into one batch and ``model.generate`` (the model as loaded, float32).
+- ``policy_<dtype>``: ``TransformersPolicy`` (one coroutine per episode), per compute dtype.
+- ``llama_cpp``: llama-cpp-python on the same GGUF, one episode after another, when a bench venv
+  has it (``--llama-python``, default ``.venv-bench/bin/python``); skipped otherwise. PyPI has no
+  CPU wheel of it, so it builds from source (about 20 minutes on 2 cores):
+  ``python3 -m venv .venv-bench && .venv-bench/bin/pip install llama-cpp-python==0.3.36``.
+
+    .venv/bin/python benchmarks/engine_bench.py [--threads 2] [--systems policy_bf16,policy_fp32,hf_generate,llama_cpp]
+
+Prints one JSON object: per system tokens, wall and CPU seconds, tokens/s and tokens per CPU
+second, the load average around it; ratios of each policy to ``hf_generate`` and ``llama_cpp``;
+the memory-bandwidth floor of a decode step (weights bytes read per step / measured read
+bandwidth) with the fraction of it that the policy's full-batch decode steps reach; and how far
+the sampler's logprobs are from a float32 forward pass (what a float32 trainer computes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from sage_rl.agent.render import ChatRenderer
+from sage_rl.models import load_model, smollm2_gguf_path
+from sage_rl.policies.base import PolicyRequest, SamplingParams
+from sage_rl.policies.transformers_policy import TransformersPolicy
+
+APPS = ("phone", "spotify", "venmo", "gmail", "amazon", "todoist", "splitwise", "file_system")
+VERBS = ("search", "show", "create", "update", "delete", "list")
+OBS = 'Output:\n{"status": "ok", "results": [{"id": 17, "name": "Weekly groceries", "amount": 42.5}, {"id": 18, "name": "Rent", "amount": 900}], "page": 0}\n'
+
+
+def workload(renderer: ChatRenderer, tok, args) -> tuple[list[list[int]], list[int]]:
+    """Episode prompts (``--episodes``, identical within a group) and the observation ids."""
+    lines = ["You are an agent that solves tasks by writing Python code against these APIs."]
+    i = 0
+    while len(tok.encode("\n".join(lines))) < args.prompt - 120:
+        app, verb = APPS[i % len(APPS)], VERBS[(i // len(APPS)) % len(VERBS)]
+        lines.append(
+            f"apis.{app}.{verb}_item_{i}(access_token: str, query: str = '', page_index: int = 0) -> dict: {verb} one {app} item."
+        )
+        i += 1
+    system = "\n".join(lines)
+    prompts = []
+    for e in range(args.episodes):
+        task = (
+            f"Task {e // args.group}: find every {APPS[e // args.group % len(APPS)]} item about the trip in May, "
+            * 4
+        )
+        prompts.append(
+            renderer.prompt_ids([{"role": "system", "content": system}, {"role": "user", "content": task}])
+        )
+    obs = renderer.observation_ids(OBS * max(1, round(args.obs / 60)), [])
+    return prompts, obs
+
+
+def _timed(fn):
+    load0, wall, cpu = os.getloadavg()[0], time.perf_counter(), time.process_time()
+    tokens = fn()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {
+        "tokens": tokens,
+        "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
+        "tokens_per_s": round(tokens / wall, 2),
+        "tokens_per_cpu_s": round(tokens / cpu, 2),
+        "load_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
+    }
+
+
+def run_policy(policy: TransformersPolicy, prompts, obs, args) -> int:
+    async def episode(e: int) -> int:
+        ids, done = list(prompts[e]), 0
+        for _ in range(args.turns):
+            params = SamplingParams(temperature=1.0, max_tokens=args.gen, seed=e)
+            out = await policy.generate(PolicyRequest((), tuple(ids), params))
+            ids += [*out.token_ids, *obs]
+            done += len(out.token_ids)
+        return done
+
+    async def run() -> int:
+        return sum(await asyncio.gather(*[episode(e) for e in range(len(prompts))]))
+
+    return asyncio.run(run())
+
+
+def run_hf_generate(model, pad_id: int, prompts, obs, args) -> int:
+    seqs, done = [list(p) for p in prompts], 0
+    torch.manual_seed(0)
+    for _ in range(args.turns):
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for b, s in enumerate(seqs):
+            ids[b, width - len(s) :], mask[b, width - len(s) :] = torch.tensor(s), 1
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=args.gen,
+                min_new_tokens=args.gen,
+                pad_token_id=pad_id,
+            )
+        for b, s in enumerate(seqs):
+            gen = out[b, width:].tolist()
+            s += gen + obs
+            done += len(gen)
+    return done
+
+
+def run_llama_cpp(python: str, prompts, obs, args) -> dict:
+    job = {"gguf": str(smollm2_gguf_path()), "threads": args.threads, "prompts": prompts, "obs_ids": obs}
+    job |= {"turns": args.turns, "gen": args.gen}
+    load0 = os.getloadavg()[0]
+    script = Path(__file__).with_name("llama_cpp_turns.py")
+    proc = subprocess.run(
+        [python, str(script)], input=json.dumps(job), capture_output=True, text=True, check=True
+    )
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {
+        "tokens": r["tokens"],
+        "wall_s": round(r["wall_s"], 2),
+        "cpu_s": round(r["cpu_s"], 2),
+        "tokens_per_s": round(r["tokens"] / r["wall_s"], 2),
+        "tokens_per_cpu_s": round(r["tokens"] / r["cpu_s"], 2),
+        "load_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        "version": r["version"],
+    }
+
+
+def read_bandwidth_gbs() -> float:
+    """Best of 5 sums over a 512 MiB float32 tensor (far beyond the caches), in GB/s."""
+    x = torch.ones(128 * 1024 * 1024)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best / 1e9
+
+
+class DecodeTimer:
+    """Wraps a runner's ``decode``: seconds of each call with a full batch."""
+
+    def __init__(self, runner, full: int) -> None:
+        self.inner, self.full, self.seconds = runner.decode, full, []
+        runner.decode = self
+
+    def __call__(self, caches, ids):
+        t0 = time.perf_counter()
+        out = self.inner(caches, ids)
+        if len(caches) == self.full:
+            self.seconds.append(time.perf_counter() - t0)
+        return out
+
+
+def weight_bytes(runner) -> int:
+    """Bytes of weights one decode step reads: every layer, the final norm and the LM head
+    (the embedding lookup reads only B rows, counted as nothing)."""
+    tensors = [runner.norm, runner.lm_head]
+    for layer in runner.layers:
+        tensors += [layer.in_norm, layer.post_norm, layer.o[0], layer.down, *layer.gate_up]
+        tensors += [w for w, b in layer.qkv] + [b for w, b in layer.qkv if b is not None]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def floor_report(policy: TransformersPolicy, timer: DecodeTimer, bandwidth: float, args) -> dict:
+    runner, nbytes = policy.engine.runner, weight_bytes(policy.engine.runner)
+    floor_s = nbytes / (bandwidth * 1e9)
+    step_s = sum(timer.seconds) / max(1, len(timer.seconds))
+    return {
+        "weight_bytes_per_step": nbytes,
+        "floor_step_ms": round(floor_s * 1e3, 2),
+        "measured_step_ms": round(step_s * 1e3, 2),
+        "fraction_of_floor": round(floor_s / step_s, 3) if step_s else None,
+        "arithmetic": f"{nbytes / 1e6:.0f} MB / {bandwidth:.1f} GB/s = {floor_s * 1e3:.1f} ms per step "
+        f"of {args.episodes} rows (floor {args.episodes / floor_s:.0f} tokens/s); measured "
+        f"{step_s * 1e3:.1f} ms ({args.episodes / step_s:.0f} tokens/s) over {len(timer.seconds)} full steps",
+        "kv_dtype": str(runner.kv_dtype).removeprefix("torch."),
+    }
+
+
+def logprob_mismatch(model, tok, prompts, args) -> dict:
+    """The sampler's logprobs against a float32 transformers forward over the same tokens
+    (what a float32 trainer computes): mean and max |difference| per sampled token, and the mean
+    signed difference, for one turn of the first two episodes, per compute dtype."""
+    out = {}
+    for name, dtype in (("policy_fp32", None), ("policy_bf16", "bfloat16")):
+        policy = TransformersPolicy(model, tok, max_batch=2, stop_ids=(), dtype=dtype)
+        params = SamplingParams(temperature=1.0, max_tokens=args.gen, seed=0)
+        diffs = []
+        for prompt in prompts[: min(2, len(prompts))]:
+            sample = asyncio.run(policy.generate(PolicyRequest((), tuple(prompt), params)))
+            seq = torch.tensor([list(prompt) + list(sample.token_ids)])
+            with torch.inference_mode():
+                logits = model(seq).logits[0, len(prompt) - 1 : -1].float()
+            ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(sample.token_ids)[:, None])[:, 0]
+            diffs.append(torch.tensor(sample.logprobs) - ref)
+        d = torch.cat(diffs)
+        out[name] = {
+            "tokens": d.numel(),
+            "mean_abs": round(d.abs().mean().item(), 5),
+            "max_abs": round(d.abs().max().item(), 5),
+            "mean_signed": round(d.mean().item(), 5),
+        }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--episodes", type=int, default=8)
+    ap.add_argument("--group", type=int, default=4)
+    ap.add_argument("--prompt", type=int, default=900)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--gen", type=int, default=96)
+    ap.add_argument("--obs", type=int, default=60)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--systems", default="policy_bf16,policy_fp32,hf_generate,llama_cpp")
+    ap.add_argument("--llama-python", default=".venv-bench/bin/python")
+    ap.add_argument("--no-mismatch", action="store_true", help="skip the sampler-vs-fp32 logprob check")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    console = Console(stderr=True)
+    model, tok = load_model(None)
+    renderer = ChatRenderer(tok)
+    prompts, obs = workload(renderer, tok, args)
+    result: dict = {
+        "workload": {
+            "episodes": args.episodes,
+            "group": args.group,
+            "prompt_tokens": [min(len(p) for p in prompts), max(len(p) for p in prompts)],
+            "turns": args.turns,
+            "gen_tokens": args.gen,
+            "obs_tokens": len(obs),
+            "threads": args.threads,
+        },
+        "systems": {},
+    }
+    with console.status("measuring memory bandwidth"):
+        bandwidth = read_bandwidth_gbs()
+    result["read_bandwidth_gbs"] = round(bandwidth, 1)
+    for system in args.systems.split(","):
+        with console.status(f"{system}: {args.episodes} episodes x {args.turns} turns x {args.gen} tokens"):
+            if system.startswith("policy_"):
+                dtype = {"policy_fp32": None, "policy_bf16": "bfloat16"}[system]
+                policy = TransformersPolicy(model, tok, max_batch=args.episodes, stop_ids=(), dtype=dtype)
+                timer = DecodeTimer(policy.engine.runner, args.episodes)
+                entry = _timed(lambda p=policy: run_policy(p, prompts, obs, args))
+                entry["engine"] = {k: v for k, v in vars(policy.stats).items() if k != "admitted_at"}
+                entry["bandwidth_floor"] = floor_report(policy, timer, bandwidth, args)
+            elif system == "hf_generate":
+                entry = _timed(lambda: run_hf_generate(model, tok.pad_token_id, prompts, obs, args))
+            elif system == "llama_cpp":
+                if not Path(args.llama_python).exists():
+                    result["systems"]["llama_cpp"] = f"skipped: {args.llama_python} not found"
+                    continue
+                entry = run_llama_cpp(args.llama_python, prompts, obs, args)
+            else:
+                raise SystemExit(f"unknown system {system!r}")
+        result["systems"][system] = entry
+        console.print(f"{system}: {entry['tokens_per_s']} tokens/s", style="dim")
+    result["ratios"] = ratios(result["systems"])
+    if not args.no_mismatch:
+        with console.status("sampler vs float32 forward logprobs"):
+            result["logprob_mismatch_vs_fp32_forward"] = logprob_mismatch(model, tok, prompts, args)
+    json.dump(result, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def ratios(systems: dict) -> dict:
+    out = {}
+    for name, entry in systems.items():
+        if not name.startswith("policy_"):
+            continue
+        for base in ("hf_generate", "llama_cpp"):
+            if isinstance(systems.get(base), dict):
+                for unit in ("tokens_per_s", "tokens_per_cpu_s"):
+                    out[f"{name}/{base} ({unit})"] = round(entry[unit] / systems[base][unit], 2)
+    return out
+
+
+if __name__ == "__main__":
+    main()

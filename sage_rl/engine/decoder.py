@@ -1,0 +1,320 @@
+"""Forward passes over per-sequence KV caches: the native one for Llama-family decoders, and a
+plain transformers one for every other causal LM.
+
+Both runners have the same three operations: ``prefill(cache, ids)`` feeds one sequence's new
+tokens (chunked) and ``decode(caches, ids)`` feeds one token to each of several sequences; both
+append to the caches and return the float32 logits of the last fed position(s). ``refresh()``
+re-reads the model's weights when they have changed since the last call (a trainer updates the
+model object in place) and says so, so that the caller drops the caches computed with the old ones.
+
+:class:`NativeRunner` (plain Llama, Mistral, Qwen2 and Qwen3 models, without sliding windows or
+adapters) batches every linear layer over the rows of a decode step, and computes each row's
+attention over its own cache (no padding, no cache copies: a transformers ``DynamicCache``
+re-concatenates the whole cache at every step). Its weights are views of the model's parameters
+when ``dtype`` is the model's own, or a converted copy (``q|k|v`` and ``gate|up`` fused) otherwise,
+e.g. bfloat16 compute for a float32 model on a CPU with AVX512-BF16: about 3x less time in the
+matrix products. On a CPU the cache and the attention stay float32 (faster there; docs/LOG.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from sage_rl.engine.adapters import adapter_state, effective_linear, projection_problem, unwrap
+from sage_rl.engine.kv import KVCache
+
+NATIVE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_CLASS_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+PREFILL_CHUNK = 512  # queries per attention block: bounds the scores tensor for long prompts
+
+
+def native_unsupported(model: Any) -> str | None:
+    """Why :class:`NativeRunner` cannot run ``model`` (None when it can). A peft LoRA wrapper
+    around a supported model is supported (``adapters.py``)."""
+    model = unwrap(model)
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in NATIVE_TYPES:
+        return f"model_type {model_type!r} is not one of {NATIVE_TYPES}"
+    if type(model).__name__ != f"{_CLASS_PREFIX[model_type]}ForCausalLM":
+        return f"{type(model).__name__} is not a plain transformers *ForCausalLM"
+    if getattr(config, "mlp_bias", False):
+        return "MLP biases"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} is not silu"
+    if getattr(config, "use_sliding_window", False) or (
+        config.model_type == "mistral" and getattr(config, "sliding_window", None)
+    ):
+        return "sliding-window attention"
+    layer_types = getattr(config, "layer_types", None) or ()
+    if any(t != "full_attention" for t in layer_types):
+        return f"layer types {sorted(set(layer_types))}"
+    if type(model.lm_head) is not torch.nn.Linear or type(model.model.embed_tokens) is not torch.nn.Embedding:
+        return "the embedding or the LM head is wrapped (peft modules_to_save?)"
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        for p in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj):
+            problem = projection_problem(p)
+            if problem:
+                return problem
+    return None
+
+
+def _signature(model: Any) -> tuple:
+    # In-place updates (optimizer steps, load_state_dict) bump a tensor's version counter;
+    # replaced parameters change the data pointer.
+    return tuple((p.data_ptr(), p._version) for p in model.parameters()), adapter_state(model)
+
+
+@dataclasses.dataclass
+class _Layer:
+    in_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: list[tuple[torch.Tensor, torch.Tensor | None]]  # one fused projection, or q, k, v
+    o: tuple[torch.Tensor, torch.Tensor | None]
+    gate_up: list[torch.Tensor]  # one fused projection, or gate, up
+    down: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+
+
+def _linear(m: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    w, b, _ = effective_linear(m)
+    return w.to(dtype), (b.to(dtype) if b is not None else None)
+
+
+def _fuse(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    w = torch.cat([p[0] for p in parts])
+    b = torch.cat([p[1] for p in parts]) if parts[0][1] is not None else None
+    return w, b
+
+
+class NativeRunner:
+    """Llama-family forward passes in ``dtype`` (None = the model's own)."""
+
+    def __init__(self, model: Any, dtype: torch.dtype | None = None) -> None:
+        reason = native_unsupported(model)
+        if reason:
+            raise ValueError(f"NativeRunner cannot run this model: {reason}")
+        self.model, self.hf = model, unwrap(model)  # hf: the transformers model (inside peft)
+        inner = self.hf.model
+        attn = inner.layers[0].self_attn
+        self.dtype = dtype or inner.embed_tokens.weight.dtype
+        self.device = inner.embed_tokens.weight.device
+        self.heads = self.hf.config.num_attention_heads
+        self.kv_heads = self.hf.config.num_key_value_heads
+        self.head_dim = attn.head_dim
+        self.scaling = getattr(attn, "scaling", self.head_dim**-0.5)
+        self.eps = inner.norm.variance_epsilon
+        self.cache_shape = (len(inner.layers), self.kv_heads, self.head_dim)
+        # On a CPU, attention over a float32 cache is faster than over a bfloat16 one: the
+        # bfloat16 batched products copy strided operands, the float32 ones run at memory speed.
+        self.kv_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
+        self._signature: tuple = ()
+        self.refresh()
+
+    # ---------------------------------------------------------------- weights
+    def refresh(self) -> bool:
+        """Re-read the weights if the model changed since the last call; True if it had."""
+        signature = _signature(self.model)
+        if signature == self._signature:
+            return False
+        self._signature = signature
+        inner, dt = self.hf.model, self.dtype
+        copy = dt != inner.embed_tokens.weight.dtype or self.hf is not self.model  # LoRA: folded copies
+        self.embed = inner.embed_tokens.weight.detach().to(dt)
+        self.norm = inner.norm.weight.detach().to(dt)
+        head = self.hf.lm_head.weight
+        same = head.data_ptr() == inner.embed_tokens.weight.data_ptr()
+        self.lm_head = self.embed if same else head.detach().to(dt)
+        self.layers = [self._layer(layer, dt, fuse=copy) for layer in inner.layers]
+        return True
+
+    @staticmethod
+    def _layer(layer: Any, dt: torch.dtype, fuse: bool) -> _Layer:
+        a, m = layer.self_attn, layer.mlp
+        qkv = [_linear(a.q_proj, dt), _linear(a.k_proj, dt), _linear(a.v_proj, dt)]
+        gate_up = [_linear(m.gate_proj, dt)[0], _linear(m.up_proj, dt)[0]]
+        norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+        return _Layer(
+            in_norm=layer.input_layernorm.weight.detach().to(dt),
+            post_norm=layer.post_attention_layernorm.weight.detach().to(dt),
+            qkv=[_fuse(qkv)] if fuse else qkv,
+            o=_linear(a.o_proj, dt),
+            gate_up=[torch.cat(gate_up)] if fuse else gate_up,
+            down=_linear(m.down_proj, dt)[0],
+            q_norm=norm[0].weight.detach().to(dt) if norm[0] is not None else None,
+            k_norm=norm[1].weight.detach().to(dt) if norm[1] is not None else None,
+        )
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.cache_shape, self.kv_dtype, self.device)
+
+    # ---------------------------------------------------------------- forward passes
+    def prefill(self, cache: KVCache, ids: list[int]) -> torch.Tensor:
+        """Feed ``ids`` to one sequence; the float32 logits ``[V]`` after its last token."""
+        for at in range(0, len(ids), PREFILL_CHUNK):
+            chunk = ids[at : at + PREFILL_CHUNK]
+            start = len(cache)
+            cache.reserve(len(chunk))
+            h_TD = self._forward(chunk, torch.arange(start, start + len(chunk)), [cache], [start])
+            cache.ids.extend(chunk)
+        return self._logits(h_TD[-1:])[0]
+
+    def decode(self, caches: list[KVCache], ids: list[int]) -> torch.Tensor:
+        """Feed one token to each sequence; float32 logits ``[B, V]``."""
+        starts = [len(c) for c in caches]
+        for c in caches:
+            c.reserve(1)
+        h_BD = self._forward(ids, torch.tensor(starts), caches, starts)
+        for c, i in zip(caches, ids, strict=True):
+            c.ids.append(i)
+        return self._logits(h_BD)
+
+    def _logits(self, h_BD: torch.Tensor) -> torch.Tensor:
+        h_BD = F.rms_norm(h_BD, h_BD.shape[-1:], self.norm, self.eps)
+        return F.linear(h_BD, self.lm_head).float()
+
+    def _forward(
+        self, ids: list[int], pos_T: torch.Tensor, caches: list[KVCache], starts: list[int]
+    ) -> torch.Tensor:
+        """Hidden states ``[T, D]`` for T tokens: either one sequence's chunk (``caches`` has one
+        element) or one token per sequence (``len(caches) == T``)."""
+        ids_T = torch.tensor(ids, dtype=torch.long, device=self.device)
+        h_TD = F.embedding(ids_T, self.embed)
+        cos, sin = self.hf.model.rotary_emb(h_TD, pos_T.to(self.device)[None])
+        cos_T1D, sin_T1D = cos[0, :, None, :], sin[0, :, None, :]
+        for i, layer in enumerate(self.layers):
+            x_TD = F.rms_norm(h_TD, h_TD.shape[-1:], layer.in_norm, self.eps)
+            a_TD = self._attention(i, layer, x_TD, cos_T1D, sin_T1D, caches, starts)
+            h_TD = h_TD + F.linear(a_TD, *layer.o)
+            x_TD = F.rms_norm(h_TD, h_TD.shape[-1:], layer.post_norm, self.eps)
+            gu = [F.linear(x_TD, w) for w in layer.gate_up]
+            gate, up = gu if len(gu) == 2 else gu[0].chunk(2, dim=-1)
+            h_TD = h_TD + F.linear(F.silu(gate) * up, layer.down)
+        return h_TD
+
+    def _attention(self, i, layer, x_TD, cos_T1D, sin_T1D, caches, starts) -> torch.Tensor:
+        T, H, KV, Dh = x_TD.shape[0], self.heads, self.kv_heads, self.head_dim
+        qkv = torch.cat([F.linear(x_TD, w, b) for w, b in layer.qkv], -1) if len(layer.qkv) > 1 else None
+        qkv = qkv if qkv is not None else F.linear(x_TD, *layer.qkv[0])
+        v_TKD = qkv[:, (H + KV) * Dh :].view(T, KV, Dh)
+        if layer.q_norm is None:  # rotate queries and keys in one pass
+            qk_TND = _rotate(qkv[:, : (H + KV) * Dh].view(T, H + KV, Dh), cos_T1D, sin_T1D)
+            q_THD, k_TKD = qk_TND[:, :H], qk_TND[:, H:]
+        else:
+            q_THD = F.rms_norm(qkv[:, : H * Dh].view(T, H, Dh), (Dh,), layer.q_norm, self.eps)
+            k_TKD = F.rms_norm(qkv[:, H * Dh : (H + KV) * Dh].view(T, KV, Dh), (Dh,), layer.k_norm, self.eps)
+            q_THD, k_TKD = _rotate(q_THD, cos_T1D, sin_T1D), _rotate(k_TKD, cos_T1D, sin_T1D)
+        q_THD = (q_THD * self.scaling).to(self.kv_dtype)
+        out_THD = torch.empty_like(q_THD)
+        if len(caches) == 1:  # one sequence, T new tokens
+            cache, start = caches[0], starts[0]
+            cache.kv[i, 0, :, start : start + T] = k_TKD.transpose(0, 1)
+            cache.kv[i, 1, :, start : start + T] = v_TKD.transpose(0, 1)
+            _attend_causal(q_THD, cache.keys(i, start + T), cache.values(i, start + T), start, out_THD)
+        else:  # one new token per sequence, each attending over its own cache
+            kv_T2KD = torch.stack((k_TKD, v_TKD), 1)
+            G = H // KV
+            for b, (cache, start) in enumerate(zip(caches, starts, strict=True)):
+                cache.kv[i, :, :, start] = kv_T2KD[b]
+                s_KGL = torch.bmm(q_THD[b].view(KV, G, Dh), cache.keys(i, start + 1).transpose(1, 2))
+                p_KGL = torch.softmax(s_KGL, dim=-1)
+                torch.bmm(p_KGL, cache.values(i, start + 1), out=out_THD[b].view(KV, G, Dh))
+        return out_THD.view(T, H * Dh).to(self.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding, as transformers' ``apply_rotary_pos_emb`` (rotate_half form)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _attend_causal(q_THD, k_KLD, v_KLD, start: int, out_THD) -> None:
+    """Causal attention of T queries at positions ``start..start+T-1`` over L = start + T keys
+    (grouped-query: each of the KV heads serves H / KV query heads). ``q`` is pre-scaled."""
+    T, H, Dh = q_THD.shape
+    KV, L = k_KLD.shape[0], k_KLD.shape[1]
+    G = H // KV
+    q_KQD = q_THD.view(T, KV, G, Dh).permute(1, 2, 0, 3).reshape(KV, G * T, Dh)
+    s_KGTL = torch.bmm(q_KQD, k_KLD.transpose(1, 2)).view(KV, G, T, L)
+    allowed_TL = torch.ones((T, L), dtype=torch.bool, device=q_THD.device).tril(start)
+    s_KGTL = s_KGTL.masked_fill(~allowed_TL, float("-inf"))
+    p_KQL = torch.softmax(s_KGTL, dim=-1).view(KV, G * T, L)
+    o_KQD = torch.bmm(p_KQL, v_KLD)
+    out_THD.copy_(o_KQD.view(KV, G, T, Dh).permute(2, 0, 1, 3).reshape(T, H, Dh))
+
+
+class HFRunner:
+    """The same operations through the model's own transformers forward, one sequence at a time
+    (for architectures :class:`NativeRunner` does not cover). Correct, not fast."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
+        self.cache_shape = _probe_cache_shape(model)
+        self._signature: tuple = ()
+        self.refresh()
+
+    def refresh(self) -> bool:
+        signature = _signature(self.model)
+        changed, self._signature = signature != self._signature, signature
+        return changed
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.cache_shape, self.dtype, self.device)
+
+    def prefill(self, cache: KVCache, ids: list[int]) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        start = len(cache)
+        past = DynamicCache()
+        if start:
+            for i in range(cache.layers):
+                past.update(cache.keys(i, start)[None], cache.values(i, start)[None], i)
+        pos = torch.arange(start, start + len(ids), device=self.device)[None]
+        out = self.model(
+            input_ids=torch.tensor([ids], device=self.device),
+            position_ids=pos,
+            past_key_values=past,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache.reserve(len(ids))
+        for i, layer in enumerate(out.past_key_values.layers):
+            cache.kv[i, 0, :, start : start + len(ids)] = layer.keys[0, :, start:]
+            cache.kv[i, 1, :, start : start + len(ids)] = layer.values[0, :, start:]
+        cache.ids.extend(ids)
+        return out.logits[0, -1].float()
+
+    def decode(self, caches: list[KVCache], ids: list[int]) -> torch.Tensor:
+        return torch.stack([self.prefill(c, [i]) for c, i in zip(caches, ids, strict=True)])
+
+
+def _probe_cache_shape(model: Any) -> tuple[int, int, int]:
+    with torch.inference_mode():
+        out = model(
+            input_ids=torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device),
+            use_cache=True,
+        )
+    layers = getattr(out.past_key_values, "layers", None)
+    if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+        raise ValueError(
+            f"unsupported cache type for {type(model).__name__}: {type(out.past_key_values).__name__}"
+        )
+    _, heads, _, dim = layers[0].keys.shape
+    return len(layers), heads, dim
+
+
+def make_runner(model: Any, dtype: torch.dtype | None) -> NativeRunner | HFRunner:
+    """The native runner where it applies, else the transformers one (which keeps the model's
+    dtype: converting a whole foreign model is not worth its memory)."""
+    if native_unsupported(model) is None:
+        return NativeRunner(model, dtype)
+    return HFRunner(model)

@@ -1,0 +1,138 @@
+"""The sampling engine: a continuous batch of sequences over per-sequence KV caches.
+
+Used by one thread at a time (the policy's sampling thread). Each call is one scheduler step:
+:meth:`Engine.admit` prefills new requests (each reusing the longest cached prefix of its prompt,
+see ``kv.py``) and draws their first tokens; :meth:`Engine.step` feeds every row its last token
+and draws the next; :meth:`Engine.pop_finished` removes the rows that stopped and keeps their
+caches for the next turn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from sage_rl.engine.decoder import make_runner
+from sage_rl.engine.kv import KVCache, PrefixStore
+from sage_rl.engine.sampler import draw
+from sage_rl.policies.base import SamplingParams
+
+
+class Request(Protocol):
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+
+
+@dataclasses.dataclass(eq=False)  # rows compare by identity
+class Row:
+    request: Any  # a Request
+    cache: KVCache
+    stream: random.Random
+    generation: int  # weights generation the cache was computed with
+    ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    finish: str | None = None  # "stop" | "length" once finished
+
+
+@dataclasses.dataclass
+class EngineStats:
+    """Counters, for tests and benchmarks."""
+
+    steps: int = 0  # scheduler steps: admissions and decode steps
+    max_rows: int = 0  # most sequences in flight at once
+    admitted_at: list[int] = dataclasses.field(default_factory=list)  # ``steps`` at each admission
+    prefill_tokens: int = 0  # prompt tokens computed
+    reused_tokens: int = 0  # prompt tokens whose keys and values came from a cache
+    decode_tokens: int = 0  # tokens fed by decode steps
+
+
+class Engine:
+    """Continuous batching over a causal LM (see the module docstring).
+
+    ``dtype``: the compute dtype (None = the model's own); ``cache_bytes``: memory for the
+    caches kept between turns (least recently used dropped first).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        stop_ids: Sequence[int],
+        dtype: torch.dtype | None = None,
+        cache_bytes: int = 2 << 30,
+    ) -> None:
+        self.runner = make_runner(model, dtype)
+        self.stop_ids = frozenset(stop_ids)
+        self.store = PrefixStore(cache_bytes)
+        self.rows: list[Row] = []
+        self.generation = 0
+        self.stats = EngineStats()
+
+    def reset(self) -> None:
+        """Drop every row and cache (after a failure: their state is unknown)."""
+        self.rows = []
+        self.store.clear()
+        self.generation += 1
+
+    def admit(self, requests: Sequence[Any]) -> None:
+        """Prefill ``requests``, draw their first tokens and add them to the batch."""
+        if self.runner.refresh():  # new weights: every cache is stale
+            self.store.clear()
+            self.generation += 1
+        for request in requests:
+            cache = self._cache_for(request.prompt_ids)
+            prompt = request.prompt_ids
+            reused = len(cache)
+            logits_V = self.runner.prefill(cache, list(prompt[reused:]))
+            self.stats.prefill_tokens += len(prompt) - reused
+            self.stats.reused_tokens += reused
+            row = Row(request, cache, random.Random(request.seed), self.generation)
+            self._record([row], logits_V[None])
+            self.rows.append(row)
+        self.stats.max_rows = max(self.stats.max_rows, len(self.rows))
+
+    def _cache_for(self, prompt: Sequence[int]) -> KVCache:
+        """A cache holding the longest prefix of ``prompt`` (short of its last token, whose
+        logits are needed) found among stored caches and those of the rows in flight."""
+        current = [r.cache for r in self.rows if r.generation == self.generation]
+        source, n = self.store.match(np.asarray(prompt, dtype=np.int64), current)
+        usable = min(n, len(prompt) - 1)
+        if source is None or usable <= 0:
+            return self.runner.new_cache()
+        if n == len(source) and self.store.take(source):  # the episode's own cache: extend it
+            source.truncate(usable)
+            return source
+        return source.copy_prefix(usable)
+
+    def step(self) -> None:
+        """Feed every row its last sampled token and draw the next one."""
+        logits_BV = self.runner.decode([r.cache for r in self.rows], [r.ids[-1] for r in self.rows])
+        self.stats.decode_tokens += len(self.rows)
+        self._record(self.rows, logits_BV)
+
+    def _record(self, rows: Sequence[Row], logits_BV: torch.Tensor) -> None:
+        tokens, logprobs = draw(logits_BV, [r.request.params for r in rows], [r.stream for r in rows])
+        for row, token, logprob in zip(rows, tokens, logprobs, strict=True):
+            row.ids.append(token)
+            row.logprobs.append(logprob)
+            if token in self.stop_ids:
+                row.finish = "stop"
+            elif len(row.ids) >= row.request.params.max_tokens:
+                row.finish = "length"
+
+    def pop_finished(self, abandoned: Callable[[Any], bool] = lambda request: False) -> list[Row]:
+        """Remove the rows that finished (or whose request was ``abandoned``) and return them;
+        their caches are kept for a next turn that continues them."""
+        done = [r for r in self.rows if r.finish is not None or abandoned(r.request)]
+        if done:
+            gone = {id(r) for r in done}
+            self.rows = [r for r in self.rows if id(r) not in gone]
+            for row in done:
+                if row.generation == self.generation:
+                    self.store.put(row.cache)
+        return done
