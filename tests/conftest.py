@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from appworld_support import suite, venv, world  # noqa: F401 - AppWorld fixtures, built once a session
 
 
 @pytest.fixture(scope="session")
