@@ -129,6 +129,7 @@ class TrainConfig(RunConfig, LoopConfig):
     def _not_on_test_data(self) -> TrainConfig:
         if self.env == "appworld":
             self.appworld.check_training_split(self.rollout.split)
+        _not_heldout("rollout.split", self.rollout.split)
         return self
 
     @model_validator(mode="after")
@@ -160,6 +161,7 @@ class CollectConfig(RunConfig, CollectSettings):
         """Expert data for SFT from a test split contaminates it as training on it would."""
         if self.env == "appworld":
             self.appworld.check_training_split(self.split)
+        _not_heldout("split", self.split)
         return self
 
     def identity(self) -> dict[str, Any]:
@@ -187,6 +189,18 @@ class CollectConfig(RunConfig, CollectSettings):
             "keep_failed_tasks": self.keep_failed_tasks,
             "scripted_fail_rate": self.scripted_fail_rate,
         }
+
+
+#: Evaluation-only splits: what they measure is void once they are trained or collected on.
+HELDOUT_SPLITS = ("train_heldout",)
+
+
+def _not_heldout(key: str, split: str) -> None:
+    if split in HELDOUT_SPLITS:
+        raise ValueError(
+            f"{key}={split!r} is held out for evaluation (scenario seeds training never draws); "
+            "train and collect on 'train'"
+        )
 
 
 def known_splits(env: str) -> tuple[str, ...]:
