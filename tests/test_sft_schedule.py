@@ -104,4 +104,6 @@ def test_train_sft_logs_positions_stops_early_and_saves_the_best_weights(tiny, t
     saved, _ = load_model(str(tmp_path / "run" / "final"))
     _, held = split_by_scenario(_examples(), 0.25, 0)
     encoded = [encode_example(conversation, x) for x in held]
-    assert eval_loss(saved, encoded, cfg, tok.pad_token_id) == pytest.approx(evals[result.best_step], rel=1e-4)
+    assert eval_loss(saved, encoded, cfg, tok.pad_token_id) == pytest.approx(
+        evals[result.best_step], rel=1e-4
+    )

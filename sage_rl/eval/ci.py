@@ -56,7 +56,9 @@ def bootstrap_ci(
     No values: ``(0.0, 0.0)``, like the metrics' own empty convention."""
     if len(values) == 0:
         return (0.0, 0.0)
-    return percentile_interval(list(resample_means(values, draw_indices(len(values), resamples, seed))), level)
+    return percentile_interval(
+        list(resample_means(values, draw_indices(len(values), resamples, seed))), level
+    )
 
 
 def paired_difference(

@@ -41,7 +41,6 @@ from sage_rl.train.logging import MetricsLogger
 from sage_rl.train.lora import with_lora
 from sage_rl.train.optim import build_optimizer, optimizer_step
 from sage_rl.train.sft_config import SFTConfig, SFTLora
-from sage_rl.train.sft_schedule import BestWeights, epoch_selection, eval_by_position
 from sage_rl.train.sft_data import (
     Batch,
     Conversation,
@@ -53,6 +52,7 @@ from sage_rl.train.sft_data import (
     nll_sum,
     split_by_scenario,
 )
+from sage_rl.train.sft_schedule import BestWeights, epoch_selection, eval_by_position
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ from sage_rl.config import Section
 from sage_rl.train.lora import LoraConfig
 
 
-class SFTData(Section):
-    path: str = Field(description="chat JSON Lines written by `sage-rl collect` (sage_rl.data.records)")
+class SFTDataOptions(Section):
+    """What to train on, besides where the data is (the recipe fills ``path`` in)."""
+
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of scenarios held out for eval loss")
     max_length: int = Field(
         2048, gt=8, description="tokens per example (longer ones are truncated) and per packed row"
@@ -31,6 +32,10 @@ class SFTData(Section):
         if bad:
             raise ValueError(f"position weights must be finite and >= 0, got {bad}")
         return value
+
+
+class SFTData(SFTDataOptions):
+    path: str = Field(description="chat JSON Lines written by `sage-rl collect` (sage_rl.data.records)")
 
 
 class SFTOptim(Section):

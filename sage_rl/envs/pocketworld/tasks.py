@@ -74,7 +74,9 @@ def split_tasks(split: str) -> tuple[Task, ...]:
     ``train_heldout``: every train template at each held-out seed, in a fixed shuffled template
     order, so that its first N scenarios are a spread sample of the templates."""
     if split == HELDOUT_SPLIT:
-        return tuple(t for tpl in _heldout_order() for seed in HELDOUT_SEEDS for t in scenario_tasks(tpl, seed))
+        return tuple(
+            t for tpl in _heldout_order() for seed in HELDOUT_SEEDS for t in scenario_tasks(tpl, seed)
+        )
     return tuple(t for tpl in templates(split) for t in scenario_tasks(tpl, 0))
 
 
