@@ -26,6 +26,7 @@ from sage_rl.rollout.chain import SkillsConfig
 from sage_rl.rollout.episode import AgentConfig
 from sage_rl.sandbox.limits import SandboxLimits
 from sage_rl.train.loop import LoopConfig
+from sage_rl.train.sft_config import SFTDataOptions, SFTLora, SFTOptim
 from sage_rl.train.trainer import TrainerConfig
 
 
@@ -112,23 +113,65 @@ class EvalRunConfig(RunConfig, EvalConfig):
         return [("split", self.split)]
 
 
+class RecipeCollect(Section):
+    """The expert stage of the recipe (``sage-rl collect`` on the train split, scripted expert)."""
+
+    num_scenarios: int = Field(150, ge=1)
+    tasks_per_scenario: int = Field(3, ge=1)
+    keep_first_n: int = Field(2, ge=0)
+    expert_seed: int = 0
+    concurrency: int = Field(4, ge=1)
+
+
+class RecipeSFT(Section):
+    """The SFT stage (``sage-rl sft`` on the collected examples; docs/sft.md for every key)."""
+
+    data: SFTDataOptions = SFTDataOptions()
+    optim: SFTOptim = SFTOptim()
+    lora: SFTLora = SFTLora()
+    eval_every: int = Field(0, ge=0, description="optimizer steps between held-out loss passes")
+    keep: Literal["best", "last"] = "best"
+
+
+class RecipeEval(Section):
+    """The scenario-ordered evaluations before and after every stage (greedy)."""
+
+    splits: list[str] = Field(["train_heldout", "dev"], min_length=1)
+    scenarios: int | None = Field(None, ge=1, description="the first N scenarios of each split; null = all")
+    concurrency: int = Field(8, ge=1, description="scenarios in flight")
+
+
+class RecipeSettings(Section):
+    """``sage-rl train``'s recipe (issue 17, docs/recipe.md): when ``init_from`` names a checkpoint
+    that does not exist yet, make it (expert collection, SFT) and then train, evaluating before and
+    after each stage."""
+
+    collect: RecipeCollect = RecipeCollect()
+    sft: RecipeSFT = RecipeSFT()
+    eval: RecipeEval = RecipeEval()
+
+
 class TrainConfig(RunConfig, LoopConfig):
     """``sage-rl train``."""
 
     trainer: TrainerConfig = TrainerConfig()
     #: start from this checkpoint when it exists (e.g. the SFT model), else from ``policy.model``
     init_from: str | None = None
+    #: with ``init_from`` set but missing: run the whole recipe (collect -> SFT -> train) instead
+    recipe: RecipeSettings | None = None
     tensorboard: bool = True
     wandb_project: str | None = None
     trackio_project: str | None = None
 
     def splits(self) -> list[tuple[str, str]]:
-        return [("rollout.split", self.rollout.split), ("eval.split", self.eval.split)]
+        out = [("rollout.split", self.rollout.split), ("eval.split", self.eval.split)]
+        return out + [("recipe.eval.splits", s) for s in (self.recipe.eval.splits if self.recipe else [])]
 
     @model_validator(mode="after")
     def _not_on_test_data(self) -> TrainConfig:
         if self.env == "appworld":
             self.appworld.check_training_split(self.rollout.split)
+        _not_heldout("rollout.split", self.rollout.split)
         return self
 
     @model_validator(mode="after")
@@ -160,6 +203,7 @@ class CollectConfig(RunConfig, CollectSettings):
         """Expert data for SFT from a test split contaminates it as training on it would."""
         if self.env == "appworld":
             self.appworld.check_training_split(self.split)
+        _not_heldout("split", self.split)
         return self
 
     def identity(self) -> dict[str, Any]:
@@ -189,6 +233,18 @@ class CollectConfig(RunConfig, CollectSettings):
         }
 
 
+#: Evaluation-only splits: what they measure is void once they are trained or collected on.
+HELDOUT_SPLITS = ("train_heldout",)
+
+
+def _not_heldout(key: str, split: str) -> None:
+    if split in HELDOUT_SPLITS:
+        raise ValueError(
+            f"{key}={split!r} is held out for evaluation (scenario seeds training never draws); "
+            "train and collect on 'train'"
+        )
+
+
 def known_splits(env: str) -> tuple[str, ...]:
     """The split names environment ``env`` has (whether or not its data is installed)."""
     if env == "appworld":
@@ -205,6 +261,7 @@ __all__ = [
     "EvalRunConfig",
     "PocketWorldConfig",
     "PolicyConfig",
+    "RecipeSettings",
     "RunConfig",
     "SamplingConfig",
     "TrainConfig",

@@ -19,7 +19,7 @@ import sage_rl
 
 #: (layer, module prefixes), top to bottom: docs/architecture.md, "Layers".
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("commands", ("sage_rl.cli", "sage_rl.integrations.verl.main")),
+    ("commands", ("sage_rl.cli", "sage_rl.recipe", "sage_rl.integrations.verl.main")),
     ("composition root", ("sage_rl.build", "sage_rl.settings", "sage_rl.integrations.verl")),
     (
         "trainers and integrations",

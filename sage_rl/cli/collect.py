@@ -37,11 +37,14 @@ def main(
     cfg = load_or_exit(CollectConfig, config, ctx.args, default="configs/collect.yaml")
     out = Path(cfg.out_dir)
     opened: list[CollectStore] = []  # the store, once the suite and the plan are known to be good
-    t0 = time.perf_counter()
     try:
-        asyncio.run(_collect(cfg, opened))
+        summary = run(cfg, opened)
     except (BuildError, StoreError) as e:  # a missing split, too few scenarios, another config
         raise fail(str(e), 2 if isinstance(e, StoreError) else 1) from None
+    except ExportError as e:
+        raise fail(
+            f"{e} (the JSON Lines dataset is complete: rerun with sharegpt_mode=last, nothing is collected again)"
+        ) from None
     except Exception as e:  # an environment or backend failure: what is committed stays committed
         raise fail(
             f"collection stopped by {type(e).__name__}: {e}; {_saved(opened)} jobs are saved in {out}; "
@@ -52,12 +55,22 @@ def main(
             f"interrupted: {_saved(opened)} jobs are saved in {out}; run the same command again to resume",
             130,
         ) from None
+    if as_json:
+        typer.echo(json.dumps(summary))
+
+
+def run(cfg: CollectConfig, opened: list[CollectStore] | None = None) -> dict[str, Any]:
+    """Collect what ``cfg.out_dir`` does not hold yet, write the exports and ``summary.json``, and
+    print the summary; returns it. ``opened`` receives the store once it is open (to say, after an
+    error, how many jobs were saved). Errors propagate (see ``main`` for their meaning)."""
+    opened = [] if opened is None else opened
+    t0 = time.perf_counter()
+    asyncio.run(_collect(cfg, opened))
     store = opened[0]
     summary = _finish(cfg, store, time.perf_counter() - t0)
     _print_summary(summary)
     err.print(f"dataset: {store.dataset}")
-    if as_json:
-        typer.echo(json.dumps(summary))
+    return summary
 
 
 async def _collect(cfg: CollectConfig, opened: list[CollectStore]) -> None:
@@ -101,23 +114,19 @@ def _announce(cfg: CollectConfig, store: CollectStore, total: int) -> None:
 
 
 def _finish(cfg: CollectConfig, store: CollectStore, wall_s: float) -> dict[str, Any]:
-    """Write the optional exports and summary.json; returns the summary."""
+    """Write the optional exports and summary.json; returns the summary (``ExportError`` when an
+    export cannot express the dataset)."""
     files = {"jsonl": str(store.dataset), "ledger": str(store.ledger)}
     examples = store.examples() if set(cfg.formats) - {"jsonl"} else []
-    try:
-        if "hf" in cfg.formats:
-            import datasets
+    if "hf" in cfg.formats:
+        import datasets
 
-            datasets.disable_progress_bars()  # our own progress and summary are on stderr already
-            files["hf"] = str(export_hf(examples, store.folder / "hf"))
-        if "sharegpt" in cfg.formats:
-            files["sharegpt"] = str(
-                export_sharegpt(examples, store.folder / "llamafactory", cfg.name, cfg.sharegpt_mode)
-            )
-    except ExportError as e:
-        raise fail(
-            f"{e} (the JSON Lines dataset is complete: rerun with sharegpt_mode=last, nothing is collected again)"
-        ) from None
+        datasets.disable_progress_bars()  # our own progress and summary are on stderr already
+        files["hf"] = str(export_hf(examples, store.folder / "hf"))
+    if "sharegpt" in cfg.formats:
+        files["sharegpt"] = str(
+            export_sharegpt(examples, store.folder / "llamafactory", cfg.name, cfg.sharegpt_mode)
+        )
     summary = {
         "policy": cfg.policy.kind,
         "split": cfg.split,

@@ -30,35 +30,46 @@ def main(
     cfg = load_or_exit(TrainConfig, config, ctx.args, default="configs/quickstart.yaml")
     if cfg.policy.kind != "transformers":
         raise fail("the local trainer trains a transformers policy (policy.kind=transformers)", 2)
-    out = Path(cfg.out_dir)
-    t0 = time.perf_counter()
+    from sage_rl import recipe  # the recipe runs this module's ``run`` as one of its stages
+
+    use_recipe = recipe.applies(cfg)
     try:
-        run = open_training(cfg, resume)
+        summary = recipe.run(cfg, resume) if use_recipe else run(cfg, resume)
     except FileExistsError as e:
         raise fail(f"{e} (pass --resume, or out_dir=...)", 2) from None
-    except CheckpointError as e:
+    except (CheckpointError, recipe.RecipeError) as e:
         raise fail(str(e), 2) from None
-    if run.model_source != cfg.policy.model:
-        err.print(f"starting from {run.model_source} (init_from)")
+    except BuildError as e:
+        raise fail(str(e)) from None
+    if as_json:
+        typer.echo(json.dumps(summary))
+
+
+def run(cfg: TrainConfig, resume: bool) -> dict:
+    """Train per ``cfg`` (from ``init_from`` when that checkpoint exists) and write the run folder:
+    checkpoints, metrics, ``summary.json``, ``report.md``, ``curves.png``. Returns the summary.
+    Raises ``FileExistsError`` (a used folder without ``resume``), ``CheckpointError``, ``BuildError``."""
+    out = Path(cfg.out_dir)
+    t0 = time.perf_counter()
+    training = open_training(cfg, resume)
+    if training.model_source != cfg.policy.model:
+        err.print(f"starting from {training.model_source} (init_from)")
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_config(cfg))
     err.print(
-        f"training {run.policy.name}: steps {run.start}->{cfg.steps}, K={cfg.rollout.chain_length}, "
+        f"training {training.policy.name}: steps {training.start}->{cfg.steps}, K={cfg.rollout.chain_length}, "
         f"G={cfg.rollout.group_size}, B={cfg.rollout.groups_per_step}, reward={cfg.rollout.reward.value}; run folder {out}"
     )
     try:
-        result = asyncio.run(_train(cfg, run))
-    except BuildError as e:
-        raise fail(str(e)) from None
+        result = asyncio.run(_train(cfg, training))
     finally:
-        run.logger.close()
+        training.logger.close()
     summary = _summary(result, time.perf_counter() - t0)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "report.md").write_text(_report(cfg, result, summary))
     _plot(out)
     err.print(f"done in {summary['wall_s']:.0f} s; report: {out / 'report.md'}")
-    if as_json:
-        typer.echo(json.dumps(summary))
+    return summary
 
 
 async def _train(cfg: TrainConfig, run: Training) -> TrainResult:
@@ -73,6 +84,7 @@ def _summary(r: TrainResult, wall: float) -> dict:
     pick = ("tgc", "sgc", "avg_score", "avg_steps", "avg_tokens", "usage_rate", "no_code_turn_rate")
     return {
         "steps": r.steps_done,
+        "sampled_tokens": r.sampled_tokens,
         "wall_s": wall,
         "rollout_s": r.rollout_s,
         "train_s": r.train_s,

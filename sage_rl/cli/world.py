@@ -19,7 +19,6 @@ from rich.table import Table
 from sage_rl.envs.pocketworld import tasks as pw
 from sage_rl.envs.pocketworld.env import PocketWorldEnv
 from sage_rl.envs.pocketworld.executor import IN_PROCESS, Executors
-from sage_rl.envs.pocketworld.scenarios.base import SPLITS
 from sage_rl.types import Outcome, Task, cell_origin, to_jsonable
 
 app = typer.Typer(
@@ -27,6 +26,7 @@ app = typer.Typer(
 )
 console = Console()
 JsonOpt = Annotated[bool, typer.Option("--json", help="print exactly one JSON object")]
+SPLITS = pw.split_names()
 SplitOpt = Annotated[str, typer.Option("--split", help=f"one of {', '.join(SPLITS)}")]
 
 

@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from sage_rl.eval.ci import bootstrap_ci
 from sage_rl.types import Chain, Trajectory
 
 
@@ -35,6 +36,9 @@ class EvalMetrics:
     usage_rate_by_position: dict[int, float] = field(default_factory=dict)
     tgc_by_difficulty: dict[int, float] = field(default_factory=dict)
     stop_reasons: dict[str, int] = field(default_factory=dict)
+    #: 95% percentile-bootstrap intervals (eval/ci.py): TGC over tasks, SGC over scenarios
+    tgc_ci: tuple[float, float] = (0.0, 0.0)
+    sgc_ci: tuple[float, float] = (0.0, 0.0)
 
 
 def _pct(num: float, den: float) -> float:
@@ -59,11 +63,13 @@ def compute_metrics(chains: Sequence[Chain]) -> EvalMetrics:
     stops: dict[str, int] = defaultdict(int)
     for t in trajs:
         stops[t.stop.value] += 1
+    task_pct = [100.0 * t.outcome.success for t in trajs]
+    scenario_pct = [100.0 * all(t.outcome.success for t in c.trajectories) for c in chains]
     return EvalMetrics(
         tasks=len(trajs),
         scenarios=len(chains),
-        tgc=_pct(sum(t.outcome.success for t in trajs), len(trajs)),
-        sgc=_pct(sum(all(t.outcome.success for t in c.trajectories) for c in chains), len(chains)),
+        tgc=_mean(task_pct),
+        sgc=_mean(scenario_pct),
         avg_score=_mean([t.outcome.score for t in trajs]),
         avg_steps=_mean([len(t.turns) for t in trajs]),
         avg_tokens=_mean([t.num_generated_tokens for t in trajs]),
@@ -93,6 +99,8 @@ def compute_metrics(chains: Sequence[Chain]) -> EvalMetrics:
             trajs, lambda t: t.task.difficulty, lambda ts: _pct(sum(t.outcome.success for t in ts), len(ts))
         ),
         stop_reasons=dict(sorted(stops.items())),
+        tgc_ci=bootstrap_ci(task_pct),
+        sgc_ci=bootstrap_ci(scenario_pct),
     )
 
 

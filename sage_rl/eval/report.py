@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from sage_rl.eval.ci import format_ci
 from sage_rl.eval.metrics import EvalMetrics
 from sage_rl.types import Chain, dumps
 
@@ -30,9 +31,15 @@ HEADLINE = (
 
 
 def headline_rows(m: EvalMetrics) -> list[tuple[str, str]]:
+    """(label, value) in HEADLINE order; TGC and SGC carry their 95% bootstrap interval."""
     rows = []
     for label, attr, fmt in HEADLINE:
-        value = f"{m.skills_generated} / {m.skills_used}" if attr is None else fmt.format(getattr(m, attr))
+        if attr is None:
+            value = f"{m.skills_generated} / {m.skills_used}"
+        elif attr in ("tgc", "sgc"):
+            value = format_ci(getattr(m, attr), getattr(m, f"{attr}_ci"))
+        else:
+            value = fmt.format(getattr(m, attr))
         rows.append((label, value))
     return rows
 
@@ -70,7 +77,8 @@ def markdown_report(results: Mapping[str, EvalMetrics], title: str, config_yaml:
         ]
     lines += [
         "",
-        "Metric definitions: docs/metrics.md.",
+        "TGC and SGC: value [95% percentile-bootstrap interval over tasks / scenarios, 2,000 resamples, "
+        "seed 0] (sage_rl/eval/ci.py). Metric definitions: docs/metrics.md.",
         "",
         "## Config",
         "",

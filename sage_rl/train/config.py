@@ -72,6 +72,12 @@ class LoopConfig(Section):
     rollout: RolloutConfig = RolloutConfig()
     eval: TrainEvalConfig = TrainEvalConfig()
     steps: int = Field(4, ge=1)
+    sampled_token_budget: int | None = Field(
+        None,
+        ge=1,
+        description="stop after the step at which the run's sampled (generated) rollout tokens reach "
+        "this many; null = run every step (``steps`` is the cap either way)",
+    )
     checkpoint_every: int = Field(1, ge=1)
     keep_last: int | None = 2
     out_dir: str = "runs/train"

@@ -26,7 +26,7 @@ from sage_rl.rollout.batch import rollout_batch, to_samples
 from sage_rl.rollout.chain import ChainRunner
 from sage_rl.train.checkpoint import save_checkpoint
 from sage_rl.train.config import LoopConfig, TrainEvalConfig
-from sage_rl.train.logging import MetricsLogger, batch_metrics
+from sage_rl.train.logging import MetricsLogger, batch_metrics, read_metrics
 from sage_rl.train.trainer import Trainer
 from sage_rl.types import dumps
 
@@ -38,6 +38,7 @@ class TrainResult:
     after: EvalMetrics | None
     rollout_s: float
     train_s: float
+    sampled_tokens: int = 0  # generated rollout tokens over the whole run (resumed steps included)
 
 
 def step_rng(seed: int, step: int) -> random.Random:
@@ -53,7 +54,9 @@ async def train(
     start: int,
     progress: Any = None,
 ) -> TrainResult:
-    """Run steps ``start .. cfg.steps-1``. ``runner.policy`` samples from ``trainer.model``."""
+    """Run steps ``start .. cfg.steps-1``, or fewer: the run stops after the step at which its
+    sampled rollout tokens reach ``cfg.sampled_token_budget`` (how runs are compared at equal
+    sampled tokens). ``runner.policy`` samples from ``trainer.model``."""
     out = Path(cfg.out_dir)
     before = None
     if cfg.eval.before_after and start == 0:
@@ -61,7 +64,10 @@ async def train(
         logger.log(0, _eval_row(before))
     job = progress.add_task("SAGE steps", total=cfg.steps, completed=start) if progress else None
     rollout_s = train_s = 0.0
+    sampled, done = _sampled_so_far(out, start), start
     for step in range(start, cfg.steps):
+        if cfg.sampled_token_budget is not None and sampled >= cfg.sampled_token_budget:
+            break  # a resumed run that had already spent its budget
         t0 = time.perf_counter()
         groups = await rollout_batch(runner, step_rng(seed, step), cfg.rollout, step=step)
         samples = to_samples(groups, cfg.rollout)
@@ -70,16 +76,33 @@ async def train(
         t2 = time.perf_counter()
         rollout_s, train_s = rollout_s + t1 - t0, train_s + t2 - t1
         _write_rollouts(out / "rollouts" / f"step_{step + 1:06d}.jsonl", groups)
+        step_tokens = sum(t.num_generated_tokens for chains in groups for c in chains for t in c.trajectories)
+        sampled += step_tokens
+        last = step + 1 == cfg.steps or (
+            cfg.sampled_token_budget is not None and sampled >= cfg.sampled_token_budget
+        )
         row = {**batch_metrics(samples), **stats, "time/rollout_s": t1 - t0, "time/train_s": t2 - t1}
-        if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.steps:
+        row |= {"sampled_tokens": step_tokens, "sampled_tokens_total": sampled}
+        if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and not last:
             row.update(_eval_row(await _evaluate(runner, cfg.eval, step + 1, progress)))
         logger.log(step + 1, row)
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+        if (step + 1) % cfg.checkpoint_every == 0 or last:
             save_checkpoint(trainer, out, logger.offset(), keep_last=cfg.keep_last)
         if progress:
             progress.advance(job)
-    after = await _evaluate(runner, cfg.eval, cfg.steps, progress) if cfg.eval.before_after else None
-    return TrainResult(cfg.steps, before, after, rollout_s, train_s)
+        done = step + 1
+        if last:
+            break
+    after = await _evaluate(runner, cfg.eval, done, progress) if cfg.eval.before_after else None
+    return TrainResult(done, before, after, rollout_s, train_s, sampled)
+
+
+def _sampled_so_far(out: Path, start: int) -> int:
+    """Sampled tokens of the steps before ``start`` (a resumed run), from its metrics rows."""
+    if start == 0:
+        return 0
+    rows = [r for r in read_metrics(out) if 0 < r.get("step", 0) <= start and "sampled_tokens" in r]
+    return sum(int(r["sampled_tokens"]) for r in rows)
 
 
 async def _evaluate(runner: ChainRunner, cfg: TrainEvalConfig, step: int, progress: Any) -> EvalMetrics:

@@ -19,7 +19,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ from sage_rl.train.sft_data import (
     nll_sum,
     split_by_scenario,
 )
+from sage_rl.train.sft_schedule import BestWeights, epoch_selection, eval_by_position
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,11 @@ class SFTResult:
     first_loss: float
     last_loss: float
     eval_loss_before: float | None
-    eval_loss_after: float | None
+    eval_loss_after: float | None  # of the saved weights (the best ones with output.keep=best)
     wall_s: float
+    best_step: int | None = None  # the step whose weights were saved, when chosen by held-out loss
+    stopped_early: bool = False  # optim.patience ran out before the planned steps
+    eval_loss_by_position: dict[str, float] | None = None  # of the saved weights
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,9 +80,13 @@ class SFTResult:
 
 @dataclass(frozen=True)
 class Prepared:
+    """Encoded train and held-out examples, with each one's chain position (0 = unknown)."""
+
     train: list[Encoded]
     eval: list[Encoded]
     truncated: int
+    train_positions: list[int]
+    eval_positions: list[int]
 
 
 def prepare(examples: Sequence[ChatExample], conversation: Conversation, cfg: SFTConfig) -> Prepared:
@@ -86,19 +94,47 @@ def prepare(examples: Sequence[ChatExample], conversation: Conversation, cfg: SF
     if not examples:
         raise DatasetError(f"no examples in {cfg.data.path}")
     train_ex, eval_ex = split_by_scenario(examples, cfg.data.eval_fraction, cfg.optim.seed)
-    train, t1 = fit_length([encode_example(conversation, ex) for ex in train_ex], cfg.data.max_length)
-    evals, t2 = fit_length([encode_example(conversation, ex) for ex in eval_ex], cfg.data.max_length)
+    train, train_pos, t1 = _encode(train_ex, conversation, cfg.data.max_length)
+    evals, eval_pos, t2 = _encode(eval_ex, conversation, cfg.data.max_length)
     if not train:
         raise DatasetError("no training example has a trained token left after truncation")
-    return Prepared(train, evals, t1 + t2)
+    return Prepared(train, evals, t1 + t2, train_pos, eval_pos)
 
 
-def micro_batches(encoded: Sequence[Encoded], cfg: SFTConfig, pad_id: int) -> Iterator[tuple[float, Batch]]:
-    """Endless (epoch, batch) stream; rows are reshuffled each epoch with seed ``optim.seed + epoch``."""
-    rows = make_rows(encoded, cfg.optim.packing, cfg.data.max_length)
+def _encode(
+    examples: Sequence[ChatExample], conversation: Conversation, max_length: int
+) -> tuple[list[Encoded], list[int], int]:
+    encoded, positions, truncated = [], [], 0
+    for ex in examples:
+        kept, n = fit_length([encode_example(conversation, ex)], max_length)
+        truncated += n
+        if kept:
+            encoded += kept
+            positions.append(ex.position)
+    return encoded, positions, truncated
+
+
+def epoch_rows(data: Prepared, cfg: SFTConfig) -> Callable[[int], list[list[Encoded]]]:
+    """The rows of each epoch: the examples ``epoch_selection`` picks (``data.position_weights``),
+    padded one per row or packed."""
+
+    def rows(epoch: int) -> list[list[Encoded]]:
+        chosen = epoch_selection(data.train_positions, cfg.data.position_weights, epoch, cfg.optim.seed)
+        if not chosen:
+            raise DatasetError(f"data.position_weights={cfg.data.position_weights} select no example")
+        return make_rows([data.train[i] for i in chosen], cfg.optim.packing, cfg.data.max_length)
+
+    return rows
+
+
+def micro_batches(
+    rows_of: Callable[[int], list[list[Encoded]]], cfg: SFTConfig, pad_id: int
+) -> Iterator[tuple[float, Batch]]:
+    """Endless (epoch, batch) stream; each epoch's rows are shuffled with seed ``optim.seed + epoch``."""
     bs = cfg.optim.batch_size
     epoch = 0
     while True:
+        rows = rows_of(epoch)
         order = list(range(len(rows)))
         random.Random(cfg.optim.seed + epoch).shuffle(order)
         chunks = [order[i : i + bs] for i in range(0, len(order), bs)]
@@ -201,34 +237,53 @@ def train_sft(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     model = with_lora(model, cfg.lora.adapters())
     opt = build_optimizer(model, cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-    total = num_steps(len(make_rows(data.train, cfg.optim.packing, cfg.data.max_length)), cfg)
+    rows_of = epoch_rows(data, cfg)
+    total = num_steps(len(rows_of(0)), cfg)
     log = MetricsLogger(out_dir, resume_offset=0, tag_prefix="sft/")  # a new run: the file starts empty
-    before = eval_loss(model, data.eval, cfg, pad_id)
-    if before is not None:
-        log.log(0, {"eval_loss": before})
-    stream = micro_batches(data.train, cfg, pad_id)
+
+    def held_out() -> dict[str, float]:
+        loss_of = lambda group: eval_loss(model, group, cfg, pad_id)  # noqa: E731
+        return eval_by_position(loss_of, data.eval, data.eval_positions, lambda e: e.num_trained)
+
+    evals = {0: held_out()}  # step -> held-out losses
+    if evals[0]:
+        log.log(0, evals[0])
+    stream = micro_batches(rows_of, cfg, pad_id)
+    best = BestWeights(cfg.optim.patience)
     model.train()
     losses: list[float] = []
+    step, stop = 0, False
     with progress_bar(show_progress) as bar:
         task = bar.add_task("sft", total=total)
         for step in range(1, total + 1):
             metrics = sft_step(model, opt, stream, lr_at(step - 1, total, cfg), cfg)
             losses.append(metrics["loss"])
             if data.eval and cfg.output.eval_every and step % cfg.output.eval_every == 0 and step < total:
-                metrics["eval_loss"] = eval_loss(model, data.eval, cfg, pad_id)
-            if step % cfg.output.log_every == 0 or step == total:
+                evals[step] = held_out()
+                metrics.update(evals[step])
+                stop = best.update(model, step, evals[step]["eval_loss"])
+            if step % cfg.output.log_every == 0 or step == total or stop:
                 log.log(step, metrics)
             bar.update(task, advance=1, description=f"sft loss {metrics['loss']:.3f}")
+            if stop:
+                break
     model.eval()
-    after = eval_loss(model, data.eval, cfg, pad_id)
-    if after is not None:
-        log.log(total, {"eval_loss": after})
+    if step not in evals:
+        evals[step] = held_out()
+        if evals[step]:
+            log.log(step, evals[step])
+            best.update(model, step, evals[step]["eval_loss"])
+    chosen = step
+    if cfg.output.keep == "best" and best.best_step not in (None, step) and best.restore(model):
+        chosen = best.best_step
     log.close()
     model, ckpt = save_checkpoint(model, tokenizer, out_dir, cfg.lora)
-    n_tokens = sum(e.num_trained for e in data.train)
+    picked = epoch_selection(data.train_positions, cfg.data.position_weights, 0, cfg.optim.seed)
+    before, after = evals[0], evals[chosen]
     result = SFTResult(
-        str(ckpt), total, len(data.train), len(data.eval), n_tokens, data.truncated,
-        losses[0], losses[-1], before, after, round(time.perf_counter() - t0, 2),
+        str(ckpt), step, len(data.train), len(data.eval), sum(data.train[i].num_trained for i in picked),
+        data.truncated, losses[0], losses[-1], before.get("eval_loss"), after.get("eval_loss"),
+        round(time.perf_counter() - t0, 2), chosen if data.eval else None, stop, after or None,
     )  # fmt: skip
     (out_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
     return model, result

@@ -2,21 +2,40 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from sage_rl.config import Section
 from sage_rl.train.lora import LoraConfig
 
 
-class SFTData(Section):
-    path: str = Field(description="chat JSON Lines written by `sage-rl collect` (sage_rl.data.records)")
+class SFTDataOptions(Section):
+    """What to train on, besides where the data is (the recipe fills ``path`` in)."""
+
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of scenarios held out for eval loss")
     max_length: int = Field(
         2048, gt=8, description="tokens per example (longer ones are truncated) and per packed row"
     )
     limit: int | None = Field(None, gt=0, description="use only the first N examples (smoke runs)")
+    position_weights: dict[int, float] = Field(
+        {},
+        description="times per epoch an example of chain position p is seen (fractions rotate over "
+        "epochs; missing positions: 1); see train/sft_schedule.py",
+    )
+
+    @field_validator("position_weights")
+    @classmethod
+    def _weights(cls, value: dict[int, float]) -> dict[int, float]:
+        bad = {p: w for p, w in value.items() if not (w >= 0 and math.isfinite(w))}
+        if bad:
+            raise ValueError(f"position weights must be finite and >= 0, got {bad}")
+        return value
+
+
+class SFTData(SFTDataOptions):
+    path: str = Field(description="chat JSON Lines written by `sage-rl collect` (sage_rl.data.records)")
 
 
 class SFTOptim(Section):
@@ -32,6 +51,12 @@ class SFTOptim(Section):
     packing: bool = Field(False, description="pack several examples per row (exact: no cross-attention)")
     seed: int = 0
     threads: int | None = Field(None, gt=0, description="torch CPU threads (None = torch's default)")
+    patience: int | None = Field(
+        None,
+        gt=0,
+        description="stop after this many held-out evaluations in a row without a new best "
+        "(needs output.eval_every); null = run every step",
+    )
 
 
 class SFTLora(Section):
@@ -55,6 +80,11 @@ class SFTOutput(Section):
     dir: str = "runs/sft"
     log_every: int = Field(1, gt=0, description="optimizer steps between metric lines")
     eval_every: int = Field(0, ge=0, description="optimizer steps between eval passes (0 = at the end only)")
+    keep: Literal["best", "last"] = Field(
+        "best",
+        description="the weights saved in final/: the lowest held-out loss among the evaluations "
+        "after step 0, or the last step's",
+    )
 
 
 class SFTConfig(Section):

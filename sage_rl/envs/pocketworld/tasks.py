@@ -3,6 +3,13 @@
 Task ids:
 - evaluation splits: ``<template>_<n>`` (the scenario is the template, seed 0), n = 1, 2, 3;
 - train: ``<template>-s<seed>_<n>`` (the scenario is the template with a scenario seed).
+
+Splits: the template splits (``train``, ``dev``, ``test_normal``, ``test_challenge``) and
+``train_heldout``: fixed scenarios of the *train* templates whose scenario seeds lie in
+``HELDOUT_SEEDS``, a range that training and collection never draw (``sample_chain`` draws train
+seeds from ``TRAIN_SEEDS``; the listed train scenarios use seed 0). It measures how well a policy
+does on the training distribution without having seen those very scenarios; ``dev`` measures
+unseen templates.
 """
 
 from __future__ import annotations
@@ -16,14 +23,39 @@ from typing import Any
 from sage_rl.envs.pocketworld.checks import evaluate
 from sage_rl.envs.pocketworld.generator import build_world
 from sage_rl.envs.pocketworld.scenarios import BY_NAME, templates
-from sage_rl.envs.pocketworld.scenarios.base import SPLITS, TASKS_PER_SCENARIO, Template, make_task
+from sage_rl.envs.pocketworld.scenarios.base import (
+    SPLITS,
+    TASKS_PER_SCENARIO,
+    Template,
+    make_task,
+    stable_seed,
+)
 from sage_rl.envs.pocketworld.world import Db, World
 from sage_rl.types import CheckResult, Outcome, Task
 
 log = logging.getLogger(__name__)
 
+#: Scenario seeds that training draws (``sample_chain(split="train")``); seed 0 is the listed train
+#: scenario of each template (``split_tasks("train")``), the plan collection starts from.
+TRAIN_SEEDS = range(1, 2**31)
+#: The held-out split and its scenario seeds: outside ``TRAIN_SEEDS`` (and not 0), so no train draw
+#: can reach them. One scenario per train template (30 scenarios, 90 tasks): enough for a TGC whose
+#: 95% bootstrap interval is about +-10 points, affordable for a 135M model on 2 CPU cores.
+HELDOUT_SPLIT = "train_heldout"
+HELDOUT_SEEDS = range(2**31, 2**31 + 1)
+
 _TRAIN_ID = re.compile(r"^(?P<template>[a-z0-9_]+)-s(?P<seed>\d+)_(?P<n>\d+)$")
 _EVAL_ID = re.compile(r"^(?P<template>[a-z0-9_]+)_(?P<n>\d+)$")
+
+
+def scenarios_of_split(split: str) -> tuple[str, ...]:
+    """The scenario ids a split lists (train: its listed seed-0 scenarios)."""
+    return tuple(dict.fromkeys(t.scenario_id for t in split_tasks(split)))
+
+
+def task_split(template: Template, seed: int) -> str:
+    """The split a scenario belongs to: its template's, or ``train_heldout`` for a held-out seed."""
+    return HELDOUT_SPLIT if template.split == "train" and seed in HELDOUT_SEEDS else template.split
 
 
 def scenario_tasks(template: Template, seed: int, length: int = TASKS_PER_SCENARIO) -> tuple[Task, ...]:
@@ -31,26 +63,46 @@ def scenario_tasks(template: Template, seed: int, length: int = TASKS_PER_SCENAR
     its fixed scenario ``<template>``; anything else is ``<template>-s<seed>``."""
     fixed = template.split != "train" and seed == 0
     sid = template.name if fixed else f"{template.name}-s{seed}"
-    return tuple(make_task(template, sid, seed, n, template.split) for n in range(1, length + 1))
+    split = task_split(template, seed)
+    return tuple(make_task(template, sid, seed, n, split) for n in range(1, length + 1))
 
 
 @functools.cache
 def split_tasks(split: str) -> tuple[Task, ...]:
-    """A fixed evaluation split (3 tasks per template, ordered by scenario then position).
-    For ``train`` it returns scenario seed 0 of every train template (a sample, not the whole split)."""
+    """A fixed evaluation split (3 tasks per scenario, ordered by scenario then position).
+    For ``train`` it returns scenario seed 0 of every train template (a sample, not the whole split).
+    ``train_heldout``: every train template at each held-out seed, in a fixed shuffled template
+    order, so that its first N scenarios are a spread sample of the templates."""
+    if split == HELDOUT_SPLIT:
+        return tuple(
+            t for tpl in _heldout_order() for seed in HELDOUT_SEEDS for t in scenario_tasks(tpl, seed)
+        )
     return tuple(t for tpl in templates(split) for t in scenario_tasks(tpl, 0))
 
 
+def _heldout_order() -> list[Template]:
+    return sorted(templates("train"), key=lambda t: (stable_seed(HELDOUT_SPLIT, t.name), t.name))
+
+
 def sample_chain(rng: random.Random, length: int, split: str = "train") -> tuple[Task, ...]:
-    """``length`` tasks of one scenario. Train: a random template and scenario seed (unlimited);
-    evaluation splits: one of the fixed scenarios (``length`` <= 3)."""
+    """``length`` tasks of one scenario. Train: a random template and a scenario seed from
+    ``TRAIN_SEEDS`` (unlimited, never a held-out seed); fixed splits: one of their scenarios
+    (``length`` <= 3)."""
+    if split == HELDOUT_SPLIT:
+        listed = split_tasks(split)
+        scenarios = [listed[i : i + TASKS_PER_SCENARIO] for i in range(0, len(listed), TASKS_PER_SCENARIO)]
+        return _cut(scenarios[rng.randrange(len(scenarios))], length)
     pool = templates(split)
     template = pool[rng.randrange(len(pool))]
     if split == "train":
-        return scenario_tasks(template, rng.randrange(1, 2**31), length)
+        return scenario_tasks(template, rng.randrange(TRAIN_SEEDS.start, TRAIN_SEEDS.stop), length)
+    return _cut(scenario_tasks(template, 0), length)
+
+
+def _cut(scenario: tuple[Task, ...], length: int) -> tuple[Task, ...]:
     if length > TASKS_PER_SCENARIO:
         raise ValueError(f"evaluation scenarios have {TASKS_PER_SCENARIO} tasks; asked for length={length}")
-    return scenario_tasks(template, 0, length)
+    return scenario[:length]
 
 
 def task_by_id(task_id: str) -> Task:
@@ -66,7 +118,7 @@ def task_by_id(task_id: str) -> Task:
         raise KeyError(f"train task ids need a scenario seed: {template.name}-s<seed>_<n>")
     if n < 1:
         raise KeyError(f"task id {task_id!r}: positions count from 1")
-    return make_task(template, task_id.rsplit("_", 1)[0], seed, n, template.split)
+    return make_task(template, task_id.rsplit("_", 1)[0], seed, n, task_split(template, seed))
 
 
 def template_of(task: Task) -> Template:
@@ -98,7 +150,8 @@ def reference_solution(task: Task) -> str:
 
 
 def split_names() -> tuple[str, ...]:
-    return SPLITS
+    """Every split of PocketWorld: the template splits, then ``train_heldout``."""
+    return (*SPLITS, HELDOUT_SPLIT)
 
 
 def stats() -> dict[str, Any]:
@@ -107,8 +160,6 @@ def stats() -> dict[str, Any]:
     return {
         "apps": {name: len(app.apis) for name, app in APPS.items()},
         "num_apis": sum(len(a.apis) for a in APPS.values()),
-        "scenarios": {s: len(templates(s)) for s in SPLITS},
-        "tasks": {
-            s: ("unlimited" if s == "train" else TASKS_PER_SCENARIO * len(templates(s))) for s in SPLITS
-        },
+        "scenarios": {s: len(scenarios_of_split(s)) for s in split_names()},
+        "tasks": {s: ("unlimited" if s == "train" else len(split_tasks(s))) for s in split_names()},
     }

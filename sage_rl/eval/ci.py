@@ -1,0 +1,84 @@
+"""Bootstrap confidence intervals for TGC and SGC (pure functions, fixed seed).
+
+Which bootstrap: the **percentile bootstrap** (Efron). Draw ``RESAMPLES`` samples of the units
+with replacement, each the size of the original, compute the statistic (a mean) on each, and take
+the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of those statistics (linear
+interpolation between order statistics, numpy's default ``quantile`` method). The units are tasks
+for TGC (each task's success) and scenarios for SGC (each scenario's all-tasks success), as the
+metrics define them (SAGE.md section 8).
+
+Tasks of one scenario are not independent (task 2 uses the skill task 1 made), so an interval over
+tasks is somewhat narrower than one that resamples whole scenarios would be; SGC's is over
+scenarios by construction. ``paired_difference`` gives the interval of the difference between two
+evaluations of the *same* tasks (resampling the same units for both), the right statistic to say
+whether one model beats another on a split.
+
+The random draws come from ``numpy.random.default_rng(seed)``: the same inputs give the same
+interval on every run and machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+RESAMPLES = 2000
+LEVEL = 0.95
+SEED = 0
+
+
+def percentile_interval(stats: Sequence[float], level: float = LEVEL) -> tuple[float, float]:
+    """The ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of ``stats`` (linear interpolation:
+    quantile q of n sorted values is ``v[h]`` interpolated at ``h = q * (n - 1)``)."""
+    if not stats:
+        raise ValueError("percentile_interval needs at least one statistic")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    lo, hi = np.quantile(np.asarray(stats, dtype=float), [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def resample_means(values: Sequence[float], index_sets: np.ndarray) -> np.ndarray:
+    """The mean of ``values`` over each row of ``index_sets`` (one bootstrap sample per row)."""
+    return np.asarray(values, dtype=float)[np.asarray(index_sets)].mean(axis=1)
+
+
+def draw_indices(n: int, resamples: int = RESAMPLES, seed: int = SEED) -> np.ndarray:
+    """``resamples`` rows of ``n`` indices drawn uniformly with replacement from ``range(n)``."""
+    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+
+
+def bootstrap_ci(
+    values: Sequence[float], resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED
+) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the mean of ``values`` (e.g. 100 * success per task).
+    No values: ``(0.0, 0.0)``, like the metrics' own empty convention."""
+    if len(values) == 0:
+        return (0.0, 0.0)
+    return percentile_interval(
+        list(resample_means(values, draw_indices(len(values), resamples, seed))), level
+    )
+
+
+def paired_difference(
+    before: Sequence[float],
+    after: Sequence[float],
+    resamples: int = RESAMPLES,
+    level: float = LEVEL,
+    seed: int = SEED,
+) -> tuple[float, tuple[float, float]]:
+    """``mean(after) - mean(before)`` over the same units (same order) and its percentile-bootstrap
+    interval, each bootstrap sample drawing the same units for both."""
+    if len(before) != len(after):
+        raise ValueError(f"paired values differ in length: {len(before)} and {len(after)}")
+    if len(before) == 0:
+        return 0.0, (0.0, 0.0)
+    diff = np.asarray(after, dtype=float) - np.asarray(before, dtype=float)
+    idx = draw_indices(len(diff), resamples, seed)
+    return float(diff.mean()), percentile_interval(list(resample_means(diff, idx)), level)
+
+
+def format_ci(value: float, ci: tuple[float, float], fmt: str = "{:.1f}") -> str:
+    """``"40.0 [30.0, 50.0]"``."""
+    return f"{fmt.format(value)} [{fmt.format(ci[0])}, {fmt.format(ci[1])}]"

@@ -1,0 +1,234 @@
+"""The paper's recipe end to end: what ``sage-rl train`` runs when its SFT model does not exist yet
+(issue 17; SAGE.md sections 3-8; docs/recipe.md).
+
+    evaluate the base model -> collect expert trajectories -> SFT -> evaluate the SFT model
+    -> SAGE from the SFT model -> evaluate the SAGE model -> one report of what each stage changed
+
+Each stage is the command that does it, called as a function with a config derived from the one
+``TrainConfig``: ``sage-rl collect`` (``cli.collect.run``), ``sage-rl sft`` (``cli.sft.run``),
+``sage-rl train`` (``cli.train.run``) and ``sage-rl eval`` (``cli.eval.evaluate``). The stages
+share the run's environment, agent limits, prompt and skill settings, so the expert's examples, the
+SFT data, the RL rollouts and every evaluation see the same prompt. Evaluations are greedy and
+scenario-ordered. A stage whose output exists is skipped, so ``--resume`` continues a stopped run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sage_rl.cli import collect as collect_cmd
+from sage_rl.cli import eval as eval_cmd
+from sage_rl.cli import sft as sft_cmd
+from sage_rl.cli import train as train_cmd
+from sage_rl.cli.common import err
+from sage_rl.config import dump_config
+from sage_rl.eval.report import print_table, write_run
+from sage_rl.recipe.report import write_report
+from sage_rl.settings import CollectConfig, EvalRunConfig, RecipeSettings, RunConfig, TrainConfig
+from sage_rl.train.checkpoint import latest_checkpoint
+from sage_rl.train.sft_config import SFTConfig
+
+STATE = "recipe.json"  # per-stage results and times, rewritten after every stage
+
+
+class RecipeError(RuntimeError):
+    """The recipe cannot run as configured (one line for the user)."""
+
+
+def applies(cfg: TrainConfig) -> bool:
+    """The recipe runs when the config has one and names an ``init_from`` that does not exist yet."""
+    return cfg.recipe is not None and bool(cfg.init_from) and not Path(str(cfg.init_from)).is_dir()
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The folders of one recipe run under ``root`` (the train config's ``out_dir``)."""
+
+    root: Path
+
+    @property
+    def expert(self) -> Path:
+        return self.root / "expert"
+
+    @property
+    def sft(self) -> Path:
+        return self.root / "sft"
+
+    @property
+    def sage(self) -> Path:
+        return self.root / "sage"
+
+    def eval(self, stage: str, split: str) -> Path:
+        return self.root / "eval" / f"{stage}_{split}"
+
+
+def shared(cfg: RunConfig) -> dict[str, Any]:
+    """The sections every stage shares (``RunConfig``'s), as plain data."""
+    return {k: v for k, v in cfg.model_dump(mode="json").items() if k in RunConfig.model_fields}
+
+
+def collect_config(cfg: TrainConfig, r: RecipeSettings, folder: Path) -> CollectConfig:
+    """``sage-rl collect`` with the scripted expert on the train split, in the run's prompt format."""
+    c = r.collect
+    return CollectConfig.model_validate(
+        {
+            **shared(cfg),
+            "policy": {"kind": "scripted", "expert_seed": c.expert_seed},
+            "split": "train",
+            "num_scenarios": c.num_scenarios,
+            "tasks_per_scenario": c.tasks_per_scenario,
+            "keep_first_n": c.keep_first_n,
+            "concurrency": c.concurrency,
+            "out_dir": str(folder),
+            "formats": ["jsonl"],
+        }
+    )
+
+
+def sft_config(cfg: TrainConfig, r: RecipeSettings, data: Path, folder: Path) -> SFTConfig:
+    """``sage-rl sft`` of the run's base model on the collected examples."""
+    s = r.sft
+    return SFTConfig.model_validate(
+        {
+            "model": cfg.policy.model,
+            "data": {**s.data.model_dump(mode="json"), "path": str(data)},
+            "optim": s.optim.model_dump(mode="json"),
+            "lora": s.lora.model_dump(mode="json"),
+            "output": {"dir": str(folder), "eval_every": s.eval_every, "keep": s.keep},
+        }
+    )
+
+
+def train_config(cfg: TrainConfig, init_from: Path, folder: Path) -> TrainConfig:
+    """``sage-rl train`` from the SFT model, without its own before/after evaluation (the recipe's
+    evaluations replace it)."""
+    data = cfg.model_dump(mode="json")
+    data |= {"recipe": None, "init_from": str(init_from), "out_dir": str(folder)}
+    data["eval"] = {**data["eval"], "before_after": False}
+    return TrainConfig.model_validate(data)
+
+
+def eval_config(
+    cfg: RunConfig, model: str | None, split: str, scenarios: int | None, concurrency: int, folder: Path
+) -> EvalRunConfig:
+    """``sage-rl eval`` of ``model`` on ``split``: greedy, the run's own retrieval strategy."""
+    base = shared(cfg)
+    return EvalRunConfig.model_validate(
+        {
+            **base,
+            "policy": {**base["policy"], "model": model},
+            "sampling": {**base["sampling"], "temperature": 0.0},
+            "split": split,
+            "strategies": [cfg.skills.retrieval.strategy],
+            "limit_scenarios": scenarios,
+            "concurrency": concurrency,
+            "out_dir": str(folder),
+        }
+    )
+
+
+def evaluate(ev: EvalRunConfig) -> dict[str, Any]:
+    """Run (or, when its folder holds one, read back) an evaluation; returns
+    ``{"metrics": <EvalMetrics as a dict>, "outcomes": [[task_id, scenario_id, success], ...]}``."""
+    folder = Path(ev.out_dir)
+    saved = folder / "outcomes.json"
+    if saved.is_file():
+        return json.loads(saved.read_text())
+    result = asyncio.run(eval_cmd.evaluate(ev))
+    write_run(folder, result.metrics, result.chains, dump_config(ev), f"sage-rl eval: {ev.env} {ev.split}")
+    print_table(result.metrics, f"{ev.split}: {ev.policy.model or 'base model'} ({result.seconds:.0f} s)")
+    strategy = next(iter(result.metrics))
+    out = {
+        "metrics": dataclasses.asdict(result.metrics[strategy]),
+        "outcomes": [
+            [t.task.task_id, t.task.scenario_id, t.outcome.success]
+            for c in result.chains[strategy]
+            for t in c.trajectories
+        ],
+        "wall_s": round(result.seconds, 1),
+    }
+    saved.write_text(json.dumps(out))
+    return out
+
+
+def run(cfg: TrainConfig, resume: bool) -> dict[str, Any]:
+    """Run every stage not done yet; write ``recipe.json``, ``report.md`` and ``report.png`` in
+    ``cfg.out_dir``. Returns the summary. A used ``out_dir`` without ``resume`` is a
+    ``FileExistsError``."""
+    if cfg.recipe is None or not cfg.init_from:
+        raise RecipeError("the recipe needs a `recipe:` section and `init_from` (configs/quickstart.yaml)")
+    r, lay = cfg.recipe, Layout(Path(cfg.out_dir))
+    if lay.root.is_dir() and any(lay.root.iterdir()) and not resume:
+        raise FileExistsError(f"{lay.root} holds a run already")
+    lay.root.mkdir(parents=True, exist_ok=True)
+    (lay.root / "config.yaml").write_text(dump_config(cfg))
+    # every stage's config is derived and checked before anything runs
+    collect_cfg = collect_config(cfg, r, lay.expert)
+    sft_cfg = sft_config(cfg, r, lay.expert / f"{collect_cfg.name}.jsonl", lay.sft)
+    sage_cfg = train_config(cfg, lay.sft / "final", lay.sage)
+    state = _load_state(lay.root)
+    stages: list[tuple[str, str, Callable[[], Any]]] = [
+        ("eval_base", "evaluate the base model", lambda: _evaluate_all(cfg, r, lay, "base", cfg.policy.model)),
+        ("collect", "collect expert trajectories", lambda: _once(lay.expert / "summary.json", collect_cmd.run, collect_cfg)),
+        ("sft", "SFT", lambda: _once(lay.sft / "result.json", sft_cmd.run, sft_cfg)),
+        ("eval_sft", "evaluate the SFT model", lambda: _evaluate_all(cfg, r, lay, "sft", str(lay.sft / "final"))),
+        ("sage", "SAGE from the SFT model", lambda: _sage(sage_cfg, lay)),
+        ("eval_sage", "evaluate the SAGE model", lambda: _evaluate_all(cfg, r, lay, "sage", _sage_model(lay))),
+    ]  # fmt: skip
+    for i, (key, title, stage) in enumerate(stages, start=1):
+        err.rule(f"[bold]recipe {i}/{len(stages)}: {title}")
+        t0 = time.perf_counter()
+        result = stage()
+        entry = state.setdefault(key, {"title": title})
+        entry["result"] = result
+        entry.setdefault("wall_s", round(time.perf_counter() - t0, 1))  # a skipped stage keeps its time
+        _save_state(lay.root, state)
+    summary = write_report(lay.root, cfg, state)
+    err.print(f"recipe done; report: {lay.root / 'report.md'}")
+    return summary
+
+
+def _evaluate_all(cfg: TrainConfig, r: RecipeSettings, lay: Layout, stage: str, model: str | None) -> dict:
+    out = {}
+    for split in r.eval.splits:
+        ev = eval_config(cfg, model, split, r.eval.scenarios, r.eval.concurrency, lay.eval(stage, split))
+        out[split] = evaluate(ev)
+    return out
+
+
+def _once(done: Path, command: Callable[..., dict], stage_cfg: Any) -> dict:
+    """Run ``command(stage_cfg)`` unless ``done`` (its summary file) exists; returns the summary."""
+    if done.is_file():
+        return json.loads(done.read_text())
+    return command(stage_cfg)
+
+
+def _sage(sage_cfg: TrainConfig, lay: Layout) -> dict:
+    done = lay.sage / "summary.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    return train_cmd.run(sage_cfg, resume=lay.sage.is_dir() and latest_checkpoint(lay.sage) is not None)
+
+
+def _sage_model(lay: Layout) -> str:
+    ckpt = latest_checkpoint(lay.sage)
+    if ckpt is None:
+        raise RecipeError(f"{lay.sage} has no checkpoint to evaluate")
+    return str(ckpt / "model")
+
+
+def _load_state(root: Path) -> dict[str, Any]:
+    path = root / STATE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _save_state(root: Path, state: dict[str, Any]) -> None:
+    tmp = root / f".{STATE}.tmp"
+    tmp.write_text(json.dumps(state, indent=1))
+    tmp.replace(root / STATE)

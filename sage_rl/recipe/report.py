@@ -1,0 +1,191 @@
+"""The recipe's one report: ``report.md`` (what each stage changed, with bootstrap intervals) and
+``report.png`` (TGC by stage, the SFT loss curves, the RL reward curves), plus ``summary.json``.
+
+It reads only what the stages left: the state file of ``pipeline`` (each stage's result) and the
+stages' own ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sage_rl.eval.ci import format_ci, paired_difference
+
+#: (stage key in the state, column label) of the evaluations, in order.
+EVALS = (("eval_base", "base"), ("eval_sft", "SFT"), ("eval_sage", "SAGE"))
+
+#: (label, metrics key, format) of the comparison rows; TGC and SGC carry their intervals.
+ROWS = (
+    ("TGC (%)", "tgc", None),
+    ("SGC (%)", "sgc", None),
+    ("avg steps", "avg_steps", "{:.2f}"),
+    ("avg tokens", "avg_tokens", "{:,.0f}"),
+    ("avg score", "avg_score", "{:.3f}"),
+    ("no-code turns", "no_code_turn_rate", "{:.1%}"),
+    ("skill usage (pos >= 2)", "usage_rate", "{:.1%}"),
+    ("success when used", "success_when_used", "{:.1%}"),
+    ("skills generated / used", None, None),
+)
+
+
+def cell(m: Mapping[str, Any], key: str | None, fmt: str | None) -> str:
+    """One metrics value as the report shows it."""
+    if key is None:
+        return f"{m['skills_generated']} / {m['skills_used']}"
+    if fmt is None:
+        return format_ci(m[key], tuple(m[f"{key}_ci"]))
+    return fmt.format(m[key])
+
+
+def paired_tgc(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[float, tuple[float, float]] | None:
+    """TGC of ``b`` minus TGC of ``a`` over the tasks both evaluated, with its paired bootstrap
+    interval; None when they share no task."""
+    sa = {row[0]: 100.0 * row[2] for row in a["outcomes"]}
+    sb = {row[0]: 100.0 * row[2] for row in b["outcomes"]}
+    common = [t for t in sa if t in sb]
+    if not common:
+        return None
+    return paired_difference([sa[t] for t in common], [sb[t] for t in common])
+
+
+def comparison(state: Mapping[str, Any], split: str) -> list[str]:
+    """The Markdown table of one split: a column per evaluated stage."""
+    cols = [(label, state[key]["result"][split]) for key, label in EVALS if key in state]
+    if not cols:
+        return []
+    first = cols[0][1]["metrics"]
+    lines = [
+        f"### `{split}` ({first['scenarios']} scenarios, {first['tasks']} tasks)",
+        "",
+        "| metric | " + " | ".join(label for label, _ in cols) + " |",
+        "|---|" + "---|" * len(cols),
+    ]
+    for label, key, fmt in ROWS:
+        lines.append(f"| {label} | " + " | ".join(cell(r["metrics"], key, fmt) for _, r in cols) + " |")
+    by_pos = ["/".join(f"{v:.0f}" for v in r["metrics"]["tgc_by_position"].values()) or "-" for _, r in cols]
+    lines.append("| TGC by position (%) | " + " | ".join(by_pos) + " |")
+    changes = []
+    for (la, ra), (lb, rb) in zip(cols, cols[1:], strict=False):
+        d = paired_tgc(ra, rb)
+        if d is not None:
+            changes.append(f"{lb} - {la}: {d[0]:+.1f} [{d[1][0]:+.1f}, {d[1][1]:+.1f}]")
+    if changes:
+        lines += ["", "TGC change on the same tasks (paired bootstrap, 95%): " + "; ".join(changes) + "."]
+    return [*lines, ""]
+
+
+def stage_rows(state: Mapping[str, Any]) -> list[str]:
+    """One line per stage: its time and what it did."""
+    lines = ["| stage | wall | what it did |", "|---|---|---|"]
+    for key, entry in state.items():
+        lines.append(f"| {entry.get('title', key)} | {entry.get('wall_s', 0):.0f} s | {_what(key, entry)} |")
+    return lines
+
+
+def _what(key: str, entry: Mapping[str, Any]) -> str:
+    r = entry.get("result") or {}
+    if key == "collect":
+        rates = ", ".join(f"{float(v):.0%}" for v in r.get("success_by_position", {}).values())
+        return (
+            f"{r.get('examples')} examples from {r.get('scenarios', {}).get('run')} scenarios "
+            f"(expert success by position: {rates})"
+        )
+    if key == "sft":
+        best = f", weights of step {r['best_step']}" if r.get("best_step") else ""
+        return (
+            f"{r.get('steps')} steps on {r.get('train_examples')} examples, train loss "
+            f"{_f(r.get('first_loss'))} -> {_f(r.get('last_loss'))}, held-out loss "
+            f"{_f(r.get('eval_loss_before'))} -> {_f(r.get('eval_loss_after'))}{best}"
+            + (" (stopped early)" if r.get("stopped_early") else "")
+        )
+    if key == "sage":
+        return f"{r.get('steps')} steps, {r.get('sampled_tokens', 0):,} sampled tokens"
+    splits = ", ".join(f"{s} {v.get('wall_s', 0):.0f} s" for s, v in r.items())
+    return f"greedy, scenario-ordered ({splits})"
+
+
+def _f(x: Any) -> str:
+    return f"{x:.3f}" if isinstance(x, int | float) else "-"
+
+
+def write_report(root: Path, cfg: Any, state: Mapping[str, Any]) -> dict[str, Any]:
+    """Write ``report.md``, ``report.png`` and ``summary.json`` under ``root``; returns the summary."""
+    splits = list(cfg.recipe.eval.splits)
+    total = sum(e.get("wall_s", 0) for e in state.values())
+    lines = [
+        f"# sage-rl recipe: {root}",
+        "",
+        f"Expert collection -> SFT -> SAGE on {cfg.env} with {cfg.policy.model or 'the embedded SmolLM2'}, "
+        f"{total / 60:.1f} min of stages. Every evaluation is greedy and scenario-ordered, the same "
+        "prompt and limits for every model. TGC and SGC: value [95% percentile bootstrap over tasks / "
+        "scenarios, 2,000 resamples, seed 0].",
+        "",
+        "## What each stage changed",
+        "",
+    ]
+    for split in splits:
+        lines += comparison(state, split)
+    lines += ["## Stages", "", *stage_rows(state), "", "![stages](report.png)", ""]
+    (root / "report.md").write_text("\n".join(lines))
+    plot(root, state, splits)
+    summary = {
+        "wall_s": round(total, 1),
+        "stages": {k: e.get("wall_s") for k, e in state.items()},
+        **{
+            metric: {
+                split: {label: state[key]["result"][split]["metrics"][metric] for key, label in EVALS if key in state}
+                for split in splits
+            }
+            for metric in ("tgc", "sgc", "avg_steps", "avg_tokens")
+        },
+    }  # fmt: skip
+    (root / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def plot(root: Path, state: Mapping[str, Any], splits: Sequence[str]) -> None:
+    """TGC (with intervals) by stage and split; SFT train and held-out loss; RL reward by position."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 3.8))
+    stages = [(key, label) for key, label in EVALS if key in state]
+    width = 0.8 / max(1, len(splits))
+    for j, split in enumerate(splits):
+        ms = [state[key]["result"][split]["metrics"] for key, _ in stages]
+        xs = [i + j * width for i in range(len(ms))]
+        err = [[m["tgc"] - m["tgc_ci"][0] for m in ms], [m["tgc_ci"][1] - m["tgc"] for m in ms]]
+        ax1.bar(xs, [m["tgc"] for m in ms], width, yerr=err, capsize=3, label=split)
+    ax1.set_xticks([i + width * (len(splits) - 1) / 2 for i in range(len(stages))], [s for _, s in stages])
+    ax1.set(title="TGC by stage (95% bootstrap)", ylabel="TGC (%)", ylim=(0, 100))
+    ax1.legend(fontsize=8)
+    sft = _rows(root / "sft" / "metrics.jsonl")
+    train = [r for r in sft if "loss" in r]
+    held = [r for r in sft if "eval_loss" in r]
+    ax2.plot([r["step"] for r in train], [r["loss"] for r in train], label="train")
+    ax2.plot([r["step"] for r in held], [r["eval_loss"] for r in held], marker="o", label="held-out")
+    for key in sorted({k for r in held for k in r if k.startswith("eval_loss/")}):
+        ax2.plot([r["step"] for r in held], [r.get(key) for r in held], ls=":", label=key.split("/")[1])
+    ax2.set(title="SFT loss (nats per trained token)", xlabel="step")
+    ax2.legend(fontsize=7)
+    rl = [r for r in _rows(root / "sage" / "metrics.jsonl") if r.get("step", 0) > 0 and "reward" in r]
+    for key in ["reward", *sorted({k for r in rl for k in r if k.startswith("reward/k")})]:
+        ax3.plot([r["step"] for r in rl], [r.get(key) for r in rl], marker="o", label=key)
+    ax3.set(title="SAGE reward by position", xlabel="step")
+    ax3.legend(fontsize=7)
+    for ax in (ax1, ax2, ax3):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(root / "report.png", dpi=110)
+    plt.close(fig)

@@ -1,0 +1,107 @@
+"""The SFT loop's schedule: which examples each epoch sees, held-out loss by chain position, and
+the best weights by held-out loss (early stopping).
+
+Why positions matter (issue 17): in expert data every scenario gives one example per chain
+position. At position 1 the expert writes the skills (Generate, hundreds of tokens); at later
+positions it only calls them (Use, a few dozen tokens). ``data.position_weights`` sets how often
+each position's examples are seen per epoch, and the held-out loss is logged per position so a run
+shows whether the skill-writing turns are learned, not only the short calls.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+
+def epoch_selection(
+    positions: Sequence[int], weights: Mapping[int, float], epoch: int, seed: int
+) -> list[int]:
+    """Indices of the examples that epoch ``epoch`` trains on (order irrelevant: rows are shuffled).
+
+    An example at chain position p appears ``w = weights.get(p, 1.0)`` times per epoch: ``floor(w)``
+    whole copies, plus, for the fraction f, ``round(f * n_p)`` of the n_p examples of that position,
+    taken from a fixed seeded order as a window that moves by that many each epoch (so every example
+    of the position is seen once in ``ceil(1 / f)`` epochs, and the counts are exact every epoch).
+    """
+    by_pos: dict[int, list[int]] = defaultdict(list)
+    for i, p in enumerate(positions):
+        by_pos[p].append(i)
+    out: list[int] = []
+    for p, idx in sorted(by_pos.items()):
+        w = float(weights.get(p, 1.0))
+        whole, frac = math.floor(w), w - math.floor(w)
+        out += idx * whole
+        k = round(frac * len(idx))
+        if k:
+            order = list(idx)
+            random.Random(f"{seed}:position:{p}").shuffle(order)
+            start = (epoch * k) % len(order)
+            out += [order[(start + j) % len(order)] for j in range(k)]
+    return out
+
+
+def eval_by_position(
+    loss_of: Callable[[Sequence[Any]], float | None],
+    encoded: Sequence[Any],
+    positions: Sequence[int],
+    tokens_of: Callable[[Any], int],
+) -> dict[str, float]:
+    """Held-out loss overall (``eval_loss``, mean NLL per trained token) and per chain position
+    (``eval_loss/p<k>``). ``loss_of(examples)`` is the mean NLL per trained token of a subset;
+    the overall value is the token-weighted mean of the positions' values, i.e. exactly the mean
+    over all trained tokens."""
+    groups: dict[int, list[Any]] = defaultdict(list)
+    for e, p in zip(encoded, positions, strict=True):
+        groups[p].append(e)
+    out: dict[str, float] = {}
+    total, tokens = 0.0, 0
+    for p, group in sorted(groups.items()):
+        loss = loss_of(group)
+        if loss is None:
+            continue
+        n = sum(tokens_of(e) for e in group)
+        out[f"eval_loss/p{p}"] = loss
+        total, tokens = total + loss * n, tokens + n
+    if tokens:
+        out["eval_loss"] = total / tokens
+    return out
+
+
+class BestWeights:
+    """Keeps a copy of the trainable parameters at the lowest held-out loss seen; says when
+    ``patience`` evaluations in a row brought no improvement (``None`` = never stop early)."""
+
+    def __init__(self, patience: int | None) -> None:
+        self.patience = patience
+        self.best_loss = math.inf
+        self.best_step: int | None = None
+        self.bad_evals = 0
+        self._state: dict[str, torch.Tensor] | None = None
+
+    def update(self, model: torch.nn.Module, step: int, loss: float) -> bool:
+        """Record the loss at ``step``; keep the weights if it is the best so far. Returns True
+        when training should stop (patience exhausted)."""
+        if loss < self.best_loss:
+            self.best_loss, self.best_step, self.bad_evals = loss, step, 0
+            self._state = {
+                n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad
+            }
+            return False
+        self.bad_evals += 1
+        return self.patience is not None and self.bad_evals >= self.patience
+
+    @torch.no_grad()
+    def restore(self, model: torch.nn.Module) -> bool:
+        """Put the best weights back into ``model``; False when none were kept."""
+        if self._state is None:
+            return False
+        params = dict(model.named_parameters())
+        for name, value in self._state.items():
+            params[name].copy_(value.to(params[name].device))
+        return True

@@ -1,0 +1,121 @@
+"""The recipe end to end (``sage-rl train`` with no SFT model yet): base evaluation, scripted-expert
+collection, SFT, evaluation, SAGE, evaluation, one report; then a refused and a resumed rerun.
+Toy size: the tiny model, 3 scenarios, 2 SFT steps, 1 RL step."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sage_rl.config import load_config
+from sage_rl.recipe import applies
+from sage_rl.settings import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tiny):
+    from sage_rl.models import save_plain
+
+    model, tok = tiny
+    d = tmp_path_factory.mktemp("tiny_model")
+    save_plain(model, d)
+    tok.save_pretrained(d)
+    return d
+
+
+def _train(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "sage_rl.cli", "train", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_the_recipe_runs_when_init_from_is_missing(tmp_path):
+    cfg = load_config(TrainConfig, ROOT / "configs/quickstart.yaml", [f"init_from={tmp_path / 'none'}"])
+    assert applies(cfg)
+    (tmp_path / "sft").mkdir()
+    assert not applies(cfg.model_copy(update={"init_from": str(tmp_path / "sft")}))  # as before: train
+    assert not applies(cfg.model_copy(update={"init_from": None}))
+    assert not applies(cfg.model_copy(update={"recipe": None}))
+
+
+def test_recipe_end_to_end_with_the_tiny_model(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    args = [
+        f"policy.model={tiny_dir}",
+        f"init_from={tmp_path / 'no_sft_yet'}",
+        f"out_dir={out}",
+        "pocketworld.sandbox=false",
+        "agent.max_steps=2",
+        "agent.max_tokens_per_turn=12",
+        "steps=1",
+        "rollout.group_size=2",
+        "recipe.collect.num_scenarios=3",
+        "recipe.sft.optim.max_steps=2",
+        "recipe.sft.optim.epochs=4",
+        "recipe.sft.eval_every=1",
+        "recipe.sft.data.eval_fraction=0.3",
+        "recipe.eval.splits=[train_heldout,dev]",
+        "recipe.eval.scenarios=1",
+        "--json",
+    ]
+    r = _train(*args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    # every stage left its artefact
+    assert (out / "expert" / "sage_expert.jsonl").is_file() and (out / "expert" / "summary.json").is_file()
+    assert (out / "sft" / "final" / "config.json").is_file() and (out / "sft" / "result.json").is_file()
+    assert (out / "sage" / "checkpoints" / "step_000001" / "model" / "config.json").is_file()
+    for stage in ("base", "sft", "sage"):
+        for split in ("train_heldout", "dev"):
+            saved = json.loads((out / "eval" / f"{stage}_{split}" / "outcomes.json").read_text())
+            assert saved["metrics"]["tasks"] == 3 and len(saved["outcomes"]) == 3
+    state = json.loads((out / "recipe.json").read_text())
+    assert list(state) == ["eval_base", "collect", "sft", "eval_sft", "sage", "eval_sage"]
+    assert state["collect"]["result"]["examples"] == 9  # the expert solves all 3 x 3 tasks
+    sft = state["sft"]["result"]
+    assert sft["steps"] == 2 and sft["train_examples"] + sft["eval_examples"] == 9 and sft["best_step"]
+    assert state["sage"]["result"]["steps"] == 1 and state["sage"]["result"]["sampled_tokens"] > 0
+    # the SFT stage trained the run's model on its own expert data, and SAGE started from it
+    sft_cfg = (out / "sft" / "config.yaml").read_text()
+    assert str(out / "expert" / "sage_expert.jsonl") in sft_cfg and str(tiny_dir) in sft_cfg
+    assert f"init_from: {out / 'sft' / 'final'}" in (out / "sage" / "config.yaml").read_text()
+    # one report of what each stage changed
+    report = (out / "report.md").read_text()
+    for text in ("### `train_heldout` (1 scenarios, 3 tasks)", "### `dev`", "| TGC (%) | ", "| SFT |"):
+        assert text in report, text
+    assert report.count("| base | SFT | SAGE |") == 2 and "TGC change on the same tasks" in report
+    assert (out / "report.png").stat().st_size > 10_000
+    assert set(summary["tgc"]["dev"]) == {"base", "SFT", "SAGE"}
+    # a second run into the same folder is refused; --resume skips every finished stage
+    again = _train(*args[:-1])
+    assert again.returncode == 2 and "--resume" in again.stderr
+    resumed = _train(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((out / "recipe.json").read_text()) == state
+    assert json.loads(resumed.stdout.strip().splitlines()[-1])["tgc"] == summary["tgc"]
+
+
+def test_training_stops_at_its_sampled_token_budget_and_resumes_with_its_count(tiny_dir, tmp_path):
+    """How SAGE and GRPO are compared at equal sampled tokens (benchmarks/laptop_recipe.py)."""
+    out = tmp_path / "run"
+    common = [f"policy.model={tiny_dir}", "init_from=null", f"out_dir={out}", "pocketworld.sandbox=false",
+              "agent.max_steps=1", "agent.max_tokens_per_turn=6", "rollout.group_size=2",
+              "eval.before_after=false", "--json"]  # fmt: skip
+    r = _train(*common, "steps=5", "sampled_token_budget=1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = json.loads(r.stdout.strip().splitlines()[-1])
+    assert first["steps"] == 1 and first["sampled_tokens"] > 0  # one step spends the budget of 1
+    assert (out / "checkpoints" / "step_000001").is_dir()
+    r = _train(*common, "steps=5", f"sampled_token_budget={first['sampled_tokens'] + 1}", "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    second = json.loads(r.stdout.strip().splitlines()[-1])
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert second["steps"] == 2 and [row["step"] for row in rows] == [1, 2]
+    assert (
+        second["sampled_tokens"] == rows[-1]["sampled_tokens_total"] == sum(x["sampled_tokens"] for x in rows)
+    )

@@ -1,0 +1,87 @@
+"""``train_heldout``: fixed scenarios of the train templates that training and collection never draw."""
+
+import random
+
+import pytest
+from pocket import SyncEnv
+
+from sage_rl.collect import plan_scenarios
+from sage_rl.config import ConfigError, load_config
+from sage_rl.envs.pocketworld import tasks
+from sage_rl.envs.pocketworld.env import PocketWorldSuite
+from sage_rl.envs.pocketworld.scenarios import templates
+from sage_rl.settings import CollectConfig, EvalRunConfig, TrainConfig, known_splits
+from sage_rl.types import dumps
+
+HELDOUT = tasks.split_tasks("train_heldout")
+
+
+def _seed(scenario_id: str) -> int:
+    return int(scenario_id.rsplit("-s", 1)[1])
+
+
+def test_one_fixed_scenario_per_train_template_with_stable_ids():
+    train = {t.name for t in templates("train")}
+    scenarios = tasks.scenarios_of_split("train_heldout")
+    assert len(HELDOUT) == 3 * len(train) and len(scenarios) == len(train)
+    assert {s.rsplit("-s", 1)[0] for s in scenarios} == train
+    assert all(_seed(s) in tasks.HELDOUT_SEEDS for s in scenarios)
+    for i in range(0, len(HELDOUT), 3):  # ordered by scenario, then position
+        chunk = HELDOUT[i : i + 3]
+        assert [t.position for t in chunk] == [1, 2, 3] and len({t.scenario_id for t in chunk}) == 1
+    assert all(t.split == "train_heldout" and t.task_id == f"{t.scenario_id}_{t.position}" for t in HELDOUT)
+    # ids round-trip to the same task (split included), and the order is not the template order
+    assert [dumps(tasks.task_by_id(t.task_id)) for t in HELDOUT] == [dumps(t) for t in HELDOUT]
+    assert [s.rsplit("-s", 1)[0] for s in scenarios] != [t.name for t in templates("train")]
+    assert "train_heldout" in known_splits("pocketworld") and "train_heldout" in tasks.split_names()
+
+
+def test_reference_solves_and_noop_fails_every_heldout_task():
+    for t in HELDOUT:
+        env = SyncEnv()
+        env.reset(t)
+        env.execute(tasks.reference_solution(t), "<cell-1>")
+        assert env.evaluate().success, t.task_id
+        env = SyncEnv()
+        env.reset(t)
+        assert not env.evaluate().success, t.task_id
+
+
+def test_train_sampling_can_never_draw_a_heldout_seed():
+    assert tasks.TRAIN_SEEDS.stop <= tasks.HELDOUT_SEEDS.start and 0 not in tasks.HELDOUT_SEEDS
+
+    class Extreme(random.Random):
+        """An RNG whose draws are always the largest (or smallest) value allowed."""
+
+        def __init__(self, top: bool) -> None:
+            super().__init__(0)
+            self.top = top
+
+        def randrange(self, start, stop=None, step=1):
+            lo, hi = (0, start) if stop is None else (start, stop)
+            return hi - 1 if self.top else lo
+
+    for top in (True, False):
+        chain = tasks.sample_chain(Extreme(top), 3, "train")
+        assert _seed(chain[0].scenario_id) in tasks.TRAIN_SEEDS and chain[0].split == "train"
+    heldout_ids = set(tasks.scenarios_of_split("train_heldout"))
+    rng = random.Random(0)
+    drawn = {tasks.sample_chain(rng, 1)[0].scenario_id for _ in range(2000)}
+    assert not drawn & heldout_ids
+
+
+def test_collection_plans_no_heldout_scenario():
+    plan = plan_scenarios(PocketWorldSuite(), "train", 400, 3, seed=0)
+    assert len(plan) == 400
+    assert not {s[0].scenario_id for s in plan} & set(tasks.scenarios_of_split("train_heldout"))
+
+
+def test_configs_evaluate_on_it_but_never_train_or_collect_on_it():
+    assert load_config(EvalRunConfig, None, ["split=train_heldout"]).split == "train_heldout"
+    assert load_config(TrainConfig, None, ["eval.split=train_heldout"]).eval.split == "train_heldout"
+    with pytest.raises(ConfigError, match="held out for evaluation"):
+        load_config(TrainConfig, None, ["rollout.split=train_heldout"])
+    with pytest.raises(ConfigError, match="held out for evaluation"):
+        load_config(CollectConfig, None, ["split=train_heldout"])
+    with pytest.raises(ConfigError, match="not a split"):
+        load_config(EvalRunConfig, None, ["split=train_held"])
