@@ -8,12 +8,15 @@ One model per entry point (STYLE.md, principle 7). A bad value fails at start-up
 
 from __future__ import annotations
 
+import functools
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -32,6 +35,33 @@ class Section(BaseModel):
 
     #: ``allow_inf_nan=False``: no rate, bound or reward of a config may be NaN or infinite.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_value_is_a_list(cls, data: Any) -> Any:
+        """A list field given one value takes it as a one-item list: ``strategies=all`` is
+        ``strategies=[all]``, ``formats=jsonl`` is ``formats=[jsonl]`` (in a file as in an override)."""
+        if not isinstance(data, dict):
+            return data
+        names = _list_fields(cls)
+        one = {k: [v] for k, v in data.items() if k in names and isinstance(v, str | int | float)}
+        return {**data, **one} if one else data
+
+
+@functools.cache
+def _list_fields(model: type[BaseModel]) -> frozenset[str]:
+    """Fields typed ``list[X]`` or ``list[X] | None``; not unions with other types, whose scalar
+    values mean something else (``targets: list[str] | Literal["all-linear"]``)."""
+
+    def is_list(annotation: Any) -> bool:
+        if typing.get_origin(annotation) is list:
+            return True
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            return len(args) == 1 and typing.get_origin(args[0]) is list
+        return False
+
+    return frozenset(name for name, f in model.model_fields.items() if is_list(f.annotation))
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

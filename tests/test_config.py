@@ -135,3 +135,29 @@ def test_appworld_refuses_the_scripted_expert_and_training_on_test_splits_at_loa
         flag = "appworld.allow_test_contamination=true"
         assert load_config(model, None, ["env=appworld", f"{key}=test_normal", flag, *extra])
     assert load_config(EvalRunConfig, None, ["env=appworld", "split=test_normal"]).split == "test_normal"
+
+
+class Lists(Section):
+    names: list[str] = []
+    maybe: list[int] | None = None
+    either: list[str] | str = "all-linear"
+
+
+def test_one_value_for_a_list_field_is_a_one_item_list(tmp_path):
+    cfg = load_config(Lists, None, ["names=all", "maybe=3", "either=q"])
+    assert (cfg.names, cfg.maybe, cfg.either) == (["all"], [3], "q")  # a union keeps its scalar
+    p = tmp_path / "c.yaml"
+    p.write_text("names: x\n")
+    assert load_config(Lists, p).names == ["x"]
+    assert load_config(Lists, None, ["names=[a, b]", "maybe=null"]).maybe is None
+
+
+def test_strategies_all_is_every_retrieval_strategy():
+    from sage_rl.settings import EvalRunConfig
+    from sage_rl.skills.retrieval import STRATEGIES
+
+    for form in ("strategies=all", "strategies=[all]"):
+        assert load_config(EvalRunConfig, None, [form]).strategies == list(STRATEGIES)
+    assert load_config(EvalRunConfig, None, ["strategies=bm25"]).strategies == ["bm25"]
+    with pytest.raises(ConfigError, match="unknown retrieval strategy 'telepathy'"):
+        load_config(EvalRunConfig, None, ["strategies=telepathy"])

@@ -233,3 +233,12 @@ def test_export_all_writes_the_three_formats(tmp_path):
     assert paths["jsonl"] == tmp_path / "exp.jsonl" and read_jsonl(paths["jsonl"]) == examples
     assert read_hf(tmp_path / "hf") == examples
     assert len(read_sharegpt(tmp_path / "llamafactory", "exp")) == 2
+
+
+def test_no_examples_export_as_empty_datasets(tmp_path):
+    """A collection that kept nothing still writes every format (no crash, the schema kept)."""
+    from sage_rl.data.export import export_all
+
+    paths = export_all([], tmp_path, name="none")
+    assert read_jsonl(paths["jsonl"]) == [] and read_hf(tmp_path / "hf") == []
+    assert read_sharegpt(tmp_path / "llamafactory", "none") == []

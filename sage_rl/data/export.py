@@ -58,18 +58,21 @@ def export_hf(examples: Sequence[ChatExample], folder: str | Path, split: str = 
 
     path = Path(folder) / "data" / f"{split}-00000-of-00001.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
-    Dataset.from_list([ex.to_dict() for ex in examples], features=_features()).to_parquet(str(path))
+    features, rows = _features(), [ex.to_dict() for ex in examples]
+    # from_dict, not from_list: with no rows (a collection that kept nothing) from_list loses the columns
+    columns = {name: [row.get(name) for row in rows] for name in features}
+    Dataset.from_dict(columns, features=features).to_parquet(str(path))
     return path
 
 
 def read_hf(folder: str | Path, split: str = "train") -> list[ChatExample]:
     """Read a split written by ``export_hf`` back into examples."""
-    from datasets import Dataset
+    import pyarrow.parquet as pq  # not datasets' from_parquet: it refuses a file with no rows
 
     path = Path(folder) / "data" / f"{split}-00000-of-00001.parquet"
     if not path.is_file():
         raise DatasetError(f"no parquet file for split {split!r}: {path}")
-    return [ChatExample.from_dict(row) for row in Dataset.from_parquet(str(path))]
+    return [ChatExample.from_dict(row) for row in pq.read_table(path).to_pylist()]
 
 
 # --------------------------------------------------------------------------------------------

@@ -93,6 +93,7 @@ def install_bundle(
     paths: AppWorldPaths, bundle: Path, report: Report, expected_sha256: str = DATA_BUNDLE_SHA256
 ) -> None:
     """Step 4 from a local bundle: verify its sha256, unpack it with AppWorld's own function."""
+    bundle = bundle.expanduser().resolve()  # the unpacking runs in paths.root, not in our cwd
     if not bundle.is_file():
         raise SetupError(f"data bundle not found: {bundle}")
     digest = sha256_of(bundle)
@@ -102,8 +103,12 @@ def install_bundle(
         )
     report(f"[4/4] data: {bundle.name} sha256 verified ({digest[:12]}...); unpacking")
     with tempfile.TemporaryDirectory(dir=paths.root, prefix=".unpack-") as scratch:
-        _run("unpacking the data bundle", [str(paths.python), "-c", _UNPACK, str(bundle), scratch], paths)
-        unpacked = Path(scratch) / "data"
+        unpacked = Path(scratch).resolve() / "data"
+        _run(
+            "unpacking the data bundle",
+            [str(paths.python), "-c", _UNPACK, str(bundle), str(unpacked.parent)],
+            paths,
+        )
         if not unpacked.is_dir():
             raise SetupError(f"data bundle {bundle} does not contain a data/ folder")
         shutil.rmtree(paths.data, ignore_errors=True)

@@ -17,7 +17,7 @@ import typer
 
 from sage_rl.cli.common import err, fail, load_or_exit
 from sage_rl.config import ConfigError, dump_config
-from sage_rl.integrations.verl import VerlMissingError
+from sage_rl.integrations.verl import VerlMissingError, require_verl
 from sage_rl.integrations.verl.config import VerlRunConfig
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.split("\n\n")[0])
@@ -42,9 +42,10 @@ def prepare_data(
 
 
 def _composed(cfg: VerlRunConfig):
-    from sage_rl.integrations.verl.compose import compose_config, validate
-
     try:
+        require_verl()  # before compose's imports: without verl, one line saying how to install it
+        from sage_rl.integrations.verl.compose import compose_config, validate
+
         config = compose_config(cfg)
         validate(config)
     except (ConfigError, VerlMissingError) as e:
@@ -55,9 +56,10 @@ def _composed(cfg: VerlRunConfig):
 @app.command("show-config", context_settings=_EXTRA)
 def show_config(ctx: typer.Context, config: str = typer.Argument(None, help="run file")) -> None:
     """Print the composed verl config (YAML) on stdout."""
+    composed = _composed(load_or_exit(VerlRunConfig, config, ctx.args))
     from omegaconf import OmegaConf
 
-    typer.echo(OmegaConf.to_yaml(_composed(load_or_exit(VerlRunConfig, config, ctx.args))))
+    typer.echo(OmegaConf.to_yaml(composed))
 
 
 @app.command("train", context_settings=_EXTRA)
@@ -67,10 +69,10 @@ def train(
     address: str = typer.Option(None, "--address", help="Ray cluster to join ('auto' on a head node)"),
 ) -> None:
     """Train with verl's V1 trainer and sage-rl's chain agent loop."""
-    from omegaconf import OmegaConf
-
     cfg = load_or_exit(VerlRunConfig, config, ctx.args)
     composed = _composed(cfg)
+    from omegaconf import OmegaConf
+
     missing = [f for f in (composed.data.train_files, composed.data.val_files) if not Path(f).is_file()]
     if missing:
         raise fail(f"dataset file(s) {missing} not found: run prepare-data with this config first", 2)
