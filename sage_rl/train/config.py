@@ -49,6 +49,14 @@ class TrainerConfig(Section):
         True,
         description="logprobs of generated tokens only, in tiles, without (B, T, V) logits (auto-checked)",
     )
+    shared_prefix: bool = Field(
+        True,
+        description="run the opening tokens that samples share (system prompt, a group's task prompt) "
+        "once, not once per sample; exact (auto-checked per model)",
+    )
+    shared_prefix_min_tokens: int = Field(
+        16, ge=1, description="share a prefix only when it is at least this many tokens"
+    )
     seed: int = 0
 
 
