@@ -107,3 +107,20 @@ def test_collate_cuts_the_shared_prefix_and_refuses_a_false_one():
     assert b.seq_tokens == sum(len(s.ids) for s in samples)
     with pytest.raises(ValueError, match="do not share their first 71 tokens"):
         collate(samples, 0, torch.device("cpu"), prefix_len=71)
+
+
+def test_tis_in_the_trainer(tiny):
+    """Sampler logprobs of make_sample are -1.0; the tiny model's are ~ -10.8, so exp(old - sampler)
+    ~ 5e-5: a cap of 1e-6 binds on every token and scales the whole gradient by 1e-6; a cap of 1e9
+    binds nowhere."""
+    model, tok = tiny
+    samples = shared_batch()
+    g_off, m_off, _ = grads_and_metrics(model, tok, samples, micro_batch_size=2)
+    g_cap, m_cap, _ = grads_and_metrics(model, tok, samples, micro_batch_size=2, tis_cap=1e-6)
+    assert m_off["tis_weight_mean"] == 1.0 and m_off["tis_capped_frac"] == 0.0
+    assert m_cap["tis_weight_mean"] == pytest.approx(1e-6) and m_cap["tis_capped_frac"] == 1.0
+    for name, g in g_off.items():
+        assert torch.allclose(g_cap[name], 1e-6 * g, rtol=1e-4, atol=1e-12), name
+    _, m_free, _ = grads_and_metrics(model, tok, samples, micro_batch_size=2, tis_cap=1e9)
+    assert m_free["tis_capped_frac"] == 0.0
+    assert 1e-6 < m_free["tis_weight_mean"] < 1e-3

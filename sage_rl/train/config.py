@@ -49,6 +49,12 @@ class TrainerConfig(Section):
         True,
         description="logprobs of generated tokens only, in tiles, without (B, T, V) logits (auto-checked)",
     )
+    tis_cap: float | None = Field(
+        None,
+        gt=0,
+        description="truncated importance sampling: weight each token's surrogate by "
+        "min(exp(trainer old logprob - sampler logprob), tis_cap); null = off (docs/algorithm.md)",
+    )
     shared_prefix: bool = Field(
         True,
         description="run the opening tokens that samples share (system prompt, a group's task prompt) "

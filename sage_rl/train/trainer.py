@@ -34,7 +34,7 @@ from sage_rl.train.batch import PreparedSample, TokenBatch, collate, micro_batch
 from sage_rl.train.config import LoraConfig, TrainerConfig
 from sage_rl.train.logprobs import ChunkedHead, token_logprobs
 from sage_rl.train.lora import with_lora
-from sage_rl.train.loss import LossOutput, clipped_surrogate
+from sage_rl.train.loss import LossOutput, clipped_surrogate, tis_weights
 from sage_rl.train.optim import build_optimizer, optimizer_step
 from sage_rl.train.prefix import KV, StepPrefix, as_cache, prefix_kv, shareable_len, supported
 from sage_rl.types import Sample
@@ -50,6 +50,8 @@ class MicroStep:
     loss: LossOutput
     old_logp_BT: torch.Tensor
     entropy_BT: torch.Tensor
+    tis_BT: torch.Tensor | None = None  # the truncated importance weights, when on
+    tis_cap: float = float("inf")
 
 
 @dataclass
@@ -68,6 +70,8 @@ class StepStats:
     kl_ref_sum: float = 0.0
     mismatch_sum: float = 0.0
     mismatch_max: float = 0.0
+    tis_sum: float | None = None  # None: TIS off
+    tis_capped: int = 0
     ratio_min: float = field(default=float("inf"))
     ratio_max: float = field(default=float("-inf"))
 
@@ -89,6 +93,9 @@ class StepStats:
             diff = (b.sampler_logp_BT - old_logp_BT.float())[sel].abs()
             self.mismatch_sum += float(diff.sum().item())
             self.mismatch_max = max(self.mismatch_max, float(diff.max().item()))
+            if m.tis_BT is not None:
+                self.tis_sum = (self.tis_sum or 0.0) + float(m.tis_BT[sel].sum().item())
+                self.tis_capped += int((m.tis_BT[sel] >= m.tis_cap).sum().item())
             self.ratio_min = min(self.ratio_min, out.ratio_min)
             self.ratio_max = max(self.ratio_max, out.ratio_max)
 
@@ -109,6 +116,8 @@ class StepStats:
             "seq_tokens": float(self.seq_tokens),
             "pad_fraction": 1.0 - self.seq_tokens / max(self.padded_tokens, 1),
             "forward_tokens": float(self.forward_tokens),
+            "tis_weight_mean": 1.0 if self.tis_sum is None else self.tis_sum / n,
+            "tis_capped_frac": self.tis_capped / n,
         }
 
 
@@ -227,6 +236,8 @@ class Trainer:
         if self.cfg.old_logprobs == "same_pass":
             old_logp_BT = logp_BT.detach()
         ref_logp_BT = self._ref_logprobs(b) if self.cfg.kl_coef > 0 else None
+        cap = self.cfg.tis_cap
+        tis_BT = tis_weights(old_logp_BT, b.sampler_logp_BT, cap) if cap is not None else None
         out = clipped_surrogate(
             logp_BT,
             old_logp_BT,
@@ -239,10 +250,11 @@ class Trainer:
             num_tokens=total_tokens,
             ref_logp_BT=ref_logp_BT,
             kl_coef=self.cfg.kl_coef,
+            weight_BT=tis_BT,
         )
         out.loss.backward()
         assert entropy_BT is not None
-        return MicroStep(out, old_logp_BT.detach(), entropy_BT)
+        return MicroStep(out, old_logp_BT.detach(), entropy_BT, tis_BT, cap or float("inf"))
 
     def _autocast(self, fn: Any) -> Any:
         dtype = self.autocast_dtype
