@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sage_rl.train.loss import LossAgg, clipped_surrogate
+from sage_rl.train.loss import LossAgg, clipped_surrogate, tis_weights
 
 torch.set_num_threads(1)
 
@@ -237,3 +237,30 @@ def test_agrees_with_trl_grpo_loss(loss_type, agg, beta):
     assert ours.clip_frac_low == pytest.approx(metrics["clip_ratio/low_mean"][0])
     assert ours.clip_frac_high == pytest.approx(metrics["clip_ratio/high_mean"][0])
     assert ours.clip_frac_low + ours.clip_frac_high > 0  # the case exercises the clip branches
+
+
+def test_tis_weights_by_hand():
+    old = torch.tensor([[0.0, -1.0, -2.0]])
+    sampler = torch.tensor([[-1.0, -0.5, -2.0]])
+    # exp(1) = 2.718 -> capped at 2; exp(-0.5) = 0.6065; exp(0) = 1
+    w = tis_weights(old, sampler, cap=2.0)
+    assert w.tolist()[0] == pytest.approx([2.0, math.exp(-0.5), 1.0], abs=1e-6)
+    assert not w.requires_grad
+    with pytest.raises(ValueError, match="cap must be > 0"):
+        tis_weights(old, sampler, cap=0.0)
+    with pytest.raises(ValueError, match="differ in shape"):
+        tis_weights(old, sampler[:, :2], cap=2.0)
+
+
+def test_tis_weights_scale_each_tokens_surrogate():
+    # on-policy (s = 1): l_t = -w_t A; seq_mean_token_mean over 1 sample of 2 masked tokens, 1 chain
+    logp = torch.tensor([[0.0, -1.0, -3.0]], requires_grad=True)
+    w = tis_weights(logp.detach(), torch.tensor([[-1.0, -0.5, 0.0]]), cap=2.0)  # [2, 0.6065, e^-3]
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    out = clipped_surrogate(logp, logp.detach(), torch.tensor([1.5]), mask, num_chains=1, weight_BT=w)
+    # L = -(2 * 1.5 + 0.60653 * 1.5) / 2 = -1.95490; dL/dlogp_t = -w_t * A / 2 (s = 1)
+    assert out.loss.item() == pytest.approx(-(2.0 + math.exp(-0.5)) * 1.5 / 2, abs=1e-6)
+    out.loss.backward()
+    assert logp.grad.tolist()[0] == pytest.approx([-1.5, -math.exp(-0.5) * 0.75, 0.0], abs=1e-6)
+    with pytest.raises(ValueError, match="weight"):
+        clipped_surrogate(logp, logp.detach(), torch.tensor([1.5]), mask, num_chains=1, weight_BT=w[:, :2])

@@ -18,6 +18,8 @@ from sage_rl.train.sft_data import (
     encode_example,
     mask_runs,
     pack,
+    pack_shared,
+    shared_len,
     split_by_scenario,
     token_loss_sum,
 )
@@ -186,3 +188,59 @@ def test_split_by_scenario_holds_out_whole_scenarios():
     # a tiny fraction still holds one scenario out; a huge one keeps one for training
     assert len({e.scenario_id for e in split_by_scenario(exs, 0.01, 0)[1]}) == 1
     assert len({e.scenario_id for e in split_by_scenario(exs, 0.99, 0)[0]}) == 1
+
+
+def test_collate_shared_head_layout_by_hand():
+    # two examples sharing 16 tokens (MIN_SHARED); 3 and 2 more tokens each, trained from index 17
+    head = tuple(range(100, 116))
+    a = Encoded((*head, 7, 8, 9), (0,) * 17 + (1, 1))
+    b = Encoded((*head, 5, 6), (0,) * 17 + (1,))
+    assert shared_len([a, b]) == 16 and shared_len([a]) == 0
+    batch = collate([[a, b]], pad_id=0, share=True)
+    assert batch.input_ids_BT.tolist() == [[*head, 7, 8, 9, 5, 6]]
+    assert batch.position_ids_BT.tolist() == [[*range(16), 16, 17, 18, 16, 17]]
+    assert batch.labels_BT[0, 16:].tolist() == [IGNORE, 8, 9, IGNORE, 6]
+    allowed = (batch.attn_B1TT[0, 0] == 0).int()
+    assert allowed[:16, :16].tolist() == torch.tril(torch.ones(16, 16, dtype=torch.int)).tolist()
+    assert allowed[:16, 16:].sum() == 0  # the head sees no example
+    assert allowed[16:19, :16].all() and allowed[19:, :16].all()  # every example sees the head
+    assert allowed[19:, 16:19].sum() == 0 and allowed[16:19, 19:].sum() == 0  # nor each other
+    assert batch.num_trained == 3
+    # a shared head that is too short is not used: the row is laid out as plain packing
+    short = [Encoded((1, 2, 3, 4), (0, 0, 1, 1)), Encoded((1, 2, 3, 5), (0, 0, 0, 1))]
+    assert torch.equal(collate([short], 0, share=True).input_ids_BT, collate([short], 0).input_ids_BT)
+
+
+def test_pack_shared_counts_the_head_once():
+    head = tuple(range(100, 130))  # 30 shared tokens
+    es = [Encoded((*head, i, i), (0,) * 31 + (1,)) for i in range(5)]
+    # plain packing: 32 tokens each, 2 per 70-token row; shared: 30 + 2 x 5 = 40 <= 70
+    assert [len(r) for r in pack(es, max_length=70)] == [2, 2, 1]
+    assert [len(r) for r in pack_shared(es, max_length=70)] == [5]
+    assert [len(r) for r in pack_shared(es, max_length=35)] == [2, 2, 1]  # 30 + 2 + 2 = 34
+
+
+def long_system_example(i: int) -> ChatExample:
+    system = "You are an agent that writes Python against the apps of a phone. " * 4
+    ex = conv_example(i=i)
+    return ChatExample(
+        messages=(Message("system", system), *ex.messages[1:]), scenario_id=f"s{i}", task_id=f"t{i}"
+    )
+
+
+def test_shared_rows_give_the_loss_and_gradients_of_each_example_alone(tiny, renderer):
+    encs = [encode_example(renderer.conversation, long_system_example(i)) for i in range(3)]
+    assert shared_len(encs) >= 16
+    shared = collate([encs], pad_id=0, share=True)
+    assert shared.input_ids_BT.shape[1] < sum(len(e.ids) for e in encs)
+    results = []
+    for batches in ([shared], [collate([[e]], pad_id=0) for e in encs]):
+        model = copy.deepcopy(tiny[0])
+        loss = sum(forward_loss_sum(model, b) for b in batches)
+        loss.backward()
+        results.append((loss.item(), {n: p.grad for n, p in model.named_parameters()}))
+    (l_shared, g_shared), (l_alone, g_alone) = results
+    assert shared.num_trained == sum(e.num_trained for e in encs)
+    assert l_shared == pytest.approx(l_alone, rel=1e-5)
+    for name, g in g_alone.items():
+        assert (g_shared[name] - g).abs().max() <= 1e-5 * g.abs().max(), name

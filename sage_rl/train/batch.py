@@ -35,6 +35,19 @@ class PreparedSample:
             raise ValueError(f"sample of task {task}: empty prompt (the first token cannot be trained)")
         return cls(ids, mask, lps, float(s.advantage))
 
+    @property
+    def opening(self) -> tuple[int, ...]:
+        """The tokens before the first generated one (the rendered prompt)."""
+        return tuple(self.ids[: self.mask.index(1)] if 1 in self.mask else self.ids)
+
+    def suffix(self, start: int) -> PreparedSample:
+        """The sample from token ``start`` on (itself when ``start`` is 0)."""
+        if not start:
+            return self
+        return PreparedSample(
+            self.ids[start:], self.mask[start:], self.sampler_logprobs[start:], self.advantage
+        )
+
 
 @dataclass(frozen=True)
 class TokenBatch:
@@ -45,21 +58,46 @@ class TokenBatch:
     sampler_logp_BT: torch.Tensor  # the sampler's logprobs over target_BT (0 off the mask)
     adv_B: torch.Tensor
     logits_to_keep: int  # T - f + 1
-    seq_tokens: int  # real (non-pad) tokens in the micro-batch
+    seq_tokens: int  # real (non-pad) tokens of the whole samples, prefix included
+    prefix_ids: tuple[int, ...] = ()  # the opening every sample shares, cut off ids_BT
+
+    @property
+    def attn_full_BT(self) -> torch.Tensor:
+        """The attention mask over prefix + suffix (what the model is given with a prefix cache)."""
+        if not self.prefix_ids:
+            return self.attn_BT
+        ones = torch.ones((self.attn_BT.shape[0], len(self.prefix_ids)), dtype=self.attn_BT.dtype)
+        return torch.cat([ones.to(self.attn_BT.device), self.attn_BT], dim=1)
 
     @property
     def gen_tokens(self) -> int:
         return int(self.mask_BT.sum().item())
 
 
-def micro_batches(samples: Sequence[PreparedSample], size: int) -> list[list[PreparedSample]]:
-    """Chunks of ``size``, longest first, so that sequences of similar length are padded together."""
-    ordered = sorted(samples, key=lambda s: len(s.ids), reverse=True)
+def micro_batches(
+    samples: Sequence[PreparedSample], size: int, by_prompt: bool = False
+) -> list[list[PreparedSample]]:
+    """Chunks of ``size``, longest first, so that sequences of similar length are padded together.
+    ``by_prompt``: samples with the same opening (the tokens before their first generated one) are
+    kept together first (so a micro-batch is a GRPO group and shares its prompt), longest first
+    within it."""
+    if by_prompt:
+        ordered = sorted(samples, key=lambda s: (s.opening, -len(s.ids)))
+    else:
+        ordered = sorted(samples, key=lambda s: len(s.ids), reverse=True)
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
-def collate(samples: Sequence[PreparedSample], pad_id: int, device: torch.device) -> TokenBatch:
-    """Right-pad ``samples`` into one ``TokenBatch`` (nothing is truncated)."""
+def collate(
+    samples: Sequence[PreparedSample], pad_id: int, device: torch.device, prefix_len: int = 0
+) -> TokenBatch:
+    """Right-pad ``samples`` into one ``TokenBatch`` (nothing is truncated). ``prefix_len``: cut off
+    that many opening tokens, which every sample must share (ValueError otherwise)."""
+    prefix = tuple(samples[0].ids[:prefix_len])
+    if any(tuple(s.ids[:prefix_len]) != prefix for s in samples):
+        raise ValueError(f"collate: the samples do not share their first {prefix_len} tokens")
+    full = samples
+    samples = [s.suffix(prefix_len) for s in samples]
     T = max(len(s.ids) for s in samples)
     B = len(samples)
     ids = torch.full((B, T), pad_id, dtype=torch.long)
@@ -82,5 +120,6 @@ def collate(samples: Sequence[PreparedSample], pad_id: int, device: torch.device
         sampler_logp_BT=lps[:, f:].to(device),
         adv_B=torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
         logits_to_keep=T - f + 1,
-        seq_tokens=sum(len(s.ids) for s in samples),
+        seq_tokens=sum(len(s.ids) for s in full),
+        prefix_ids=prefix,
     )

@@ -49,6 +49,20 @@ class TrainerConfig(Section):
         True,
         description="logprobs of generated tokens only, in tiles, without (B, T, V) logits (auto-checked)",
     )
+    tis_cap: float | None = Field(
+        None,
+        gt=0,
+        description="truncated importance sampling: weight each token's surrogate by "
+        "min(exp(trainer old logprob - sampler logprob), tis_cap); null = off (docs/algorithm.md)",
+    )
+    shared_prefix: bool = Field(
+        True,
+        description="run the opening tokens that samples share (system prompt, a group's task prompt) "
+        "once, not once per sample; exact (auto-checked per model)",
+    )
+    shared_prefix_min_tokens: int = Field(
+        16, ge=1, description="share a prefix only when it is at least this many tokens"
+    )
     seed: int = 0
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from sage_rl.train.batch import TokenBatch
+from sage_rl.train.prefix import KV, as_cache
 
 
 def token_logprobs(
@@ -71,10 +72,18 @@ class ChunkedHead:
             return None
         return cls(get_decoder(), head) if torch.allclose(split, whole, atol=1e-5, rtol=1e-4) else None
 
-    def logprobs(self, b: TokenBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(logp_BT, entropy_BT) over the trained window; zero off the mask (masked out later)."""
+    def logprobs(
+        self, b: TokenBatch, with_entropy: bool, past: KV | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logp_BT, entropy_BT) over the trained window; zero off the mask (masked out later).
+        ``past``: the keys/values of ``b.prefix_ids`` (train/prefix.py), when the batch has one."""
         T = b.ids_BT.shape[1]
-        hidden = self.decoder(input_ids=b.ids_BT, attention_mask=b.attn_BT, use_cache=False).last_hidden_state
+        hidden = self.decoder(
+            input_ids=b.ids_BT,
+            attention_mask=b.attn_full_BT,
+            past_key_values=as_cache(past, b.ids_BT.shape[0]),
+            use_cache=past is not None,
+        ).last_hidden_state
         window = hidden[:, T - b.logits_to_keep : T - 1]  # position t predicts target t + 1
         sel = b.mask_BT.bool()
         h_ND, target_N = window[sel], b.target_BT[sel]

@@ -20,6 +20,12 @@ the micro-batch losses sum to the full loss.
 
 KL to a reference policy (off by default) is the k3 estimator of KL(pi || pi_ref),
 k3 = exp(ref - logp) - (ref - logp) - 1, aggregated like the surrogate.
+
+Truncated importance sampling (TIS, off by default): when the tokens were sampled by another
+engine or in another precision than the trainer's, the surrogate of token t is weighted by
+w_it = min(exp(old_logp_it - sampler_logp_it), C) (``tis_weights``; a constant, no gradient):
+
+    l_it = -w_it * min(s * A_i, clip(s, 1 - eps_low, 1 + eps_high) * A_i)     [+ kl_coef * k3_it]
 """
 
 from __future__ import annotations
@@ -76,6 +82,19 @@ def _check_shapes(
         )
 
 
+def tis_weights(old_logp_BT: torch.Tensor, sampler_logp_BT: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance weights min(exp(old_logp - sampler_logp), cap), detached: the trainer's
+    old probability of each sampled token over the sampler's, capped at ``cap`` (> 0)."""
+    if not cap > 0:
+        raise ValueError(f"tis_weights: cap must be > 0, got {cap}")
+    if old_logp_BT.shape != sampler_logp_BT.shape:
+        raise ValueError(
+            f"tis_weights: old_logp {tuple(old_logp_BT.shape)} and sampler_logp "
+            f"{tuple(sampler_logp_BT.shape)} differ in shape"
+        )
+    return torch.exp(old_logp_BT.detach().float() - sampler_logp_BT.detach().float()).clamp(max=cap)
+
+
 def clipped_surrogate(
     logp_BT: torch.Tensor,
     old_logp_BT: torch.Tensor,
@@ -88,10 +107,12 @@ def clipped_surrogate(
     num_tokens: float | None = None,
     ref_logp_BT: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    weight_BT: torch.Tensor | None = None,
 ) -> LossOutput:
-    """The GRPO clipped-surrogate loss to minimise (module docstring). ``old_logp_BT`` and
-    ``ref_logp_BT`` are treated as constants (detached). ``num_chains`` is required for
-    ``seq_mean_token_mean`` (ValueError otherwise)."""
+    """The GRPO clipped-surrogate loss to minimise (module docstring). ``old_logp_BT``,
+    ``ref_logp_BT`` and ``weight_BT`` (per-token weights of the surrogate, e.g. ``tis_weights``)
+    are treated as constants (detached). ``num_chains`` is required for ``seq_mean_token_mean``
+    (ValueError otherwise)."""
     _check_shapes(logp_BT, old_logp_BT, adv_B, mask_BT)
     if num_chains is None and LossAgg(agg) is LossAgg.SEQ_MEAN_TOKEN_MEAN:
         raise ValueError(
@@ -106,6 +127,12 @@ def clipped_surrogate(
     adv_B1 = adv_B.to(logp_BT.dtype).unsqueeze(-1)
     clipped_BT = torch.clamp(ratio_BT, 1.0 - eps_low, 1.0 + eps_high)
     per_token_BT = -torch.minimum(ratio_BT * adv_B1, clipped_BT * adv_B1)
+    if weight_BT is not None:
+        if weight_BT.shape != logp_BT.shape:
+            raise ValueError(
+                f"clipped_surrogate: weight {tuple(weight_BT.shape)} must be {tuple(logp_BT.shape)}"
+            )
+        per_token_BT = weight_BT.detach().to(per_token_BT.dtype) * per_token_BT
     kl_ref_BT = torch.zeros_like(per_token_BT)
     if ref_logp_BT is not None and kl_coef != 0.0:
         delta_BT = ref_logp_BT.detach() - logp_BT

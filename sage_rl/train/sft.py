@@ -122,9 +122,18 @@ def epoch_rows(data: Prepared, cfg: SFTConfig) -> Callable[[int], list[list[Enco
         chosen = epoch_selection(data.train_positions, cfg.data.position_weights, epoch, cfg.optim.seed)
         if not chosen:
             raise DatasetError(f"data.position_weights={cfg.data.position_weights} select no example")
-        return make_rows([data.train[i] for i in chosen], cfg.optim.packing, cfg.data.max_length)
+        return make_rows([data.train[i] for i in chosen], *row_options(cfg))
 
     return rows
+
+
+def sharing(cfg: SFTConfig) -> bool:
+    """Shared openings are laid out once per packed row (``optim.shared_prefix``, with packing)."""
+    return cfg.optim.packing and cfg.optim.shared_prefix
+
+
+def row_options(cfg: SFTConfig) -> tuple[bool, int, bool]:
+    return cfg.optim.packing, cfg.data.max_length, sharing(cfg)
 
 
 def micro_batches(
@@ -139,7 +148,7 @@ def micro_batches(
         random.Random(cfg.optim.seed + epoch).shuffle(order)
         chunks = [order[i : i + bs] for i in range(0, len(order), bs)]
         for n, chunk in enumerate(chunks):
-            yield epoch + (n + 1) / len(chunks), collate([rows[i] for i in chunk], pad_id)
+            yield epoch + (n + 1) / len(chunks), collate([rows[i] for i in chunk], pad_id, sharing(cfg))
         epoch += 1
 
 
@@ -170,10 +179,10 @@ def eval_loss(model: Any, encoded: Sequence[Encoded], cfg: SFTConfig, pad_id: in
         return None
     was_training = model.training
     model.eval()
-    rows = make_rows(encoded, cfg.optim.packing, cfg.data.max_length)
+    rows = make_rows(encoded, *row_options(cfg))
     total, tokens = 0.0, 0
     for i in range(0, len(rows), cfg.optim.batch_size):
-        batch = collate(rows[i : i + cfg.optim.batch_size], pad_id)
+        batch = collate(rows[i : i + cfg.optim.batch_size], pad_id, sharing(cfg))
         total += float(forward_loss_sum(model, batch))
         tokens += batch.num_trained
     model.train(was_training)

@@ -49,6 +49,11 @@ class SFTOptim(Section):
     batch_size: int = Field(1, gt=0, description="rows per micro-batch")
     grad_accum: int = Field(8, gt=0, description="micro-batches per optimizer step")
     packing: bool = Field(False, description="pack several examples per row (exact: no cross-attention)")
+    shared_prefix: bool = Field(
+        True,
+        description="with packing: the opening that a row's examples share (the system prompt) is "
+        "kept once per row, so more examples fit and fewer tokens run (exact)",
+    )
     seed: int = 0
     threads: int | None = Field(None, gt=0, description="torch CPU threads (None = torch's default)")
     patience: int | None = Field(

@@ -5,6 +5,11 @@ time in a trained assistant message: the message's content tokens and its end-of
 system prompt, the task, observations, chat-template headers and untrained assistant messages carry
 none. The ids and the mask come from ``ChatRenderer.conversation``, the same renderer the agent
 loop uses, so SFT trains on the tokens the policy will produce.
+
+Shared openings (``optim.shared_prefix`` with packing): the examples of a packed row that start
+with the same tokens (the system prompt) keep one copy of them at the head of the row; each
+example's remaining tokens attend to that copy and to themselves, with the positions they have in
+the example. A row then computes exactly what its examples compute alone (tested), on fewer tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from sage_rl.data.records import ChatExample, DatasetError
+from sage_rl.train.prefix import shareable_len
+
+#: shorter shared openings are not worth a row layout of their own
+MIN_SHARED = 16
 
 #: ``messages -> (ids, mask)`` with mask 1 on every assistant message's generated tokens.
 Conversation = Callable[[list[dict[str, str]]], tuple[list[int], list[int]]]
@@ -116,6 +125,35 @@ def pack(encoded: Sequence[Encoded], max_length: int) -> list[list[Encoded]]:
     return rows
 
 
+def shared_len(row: Sequence[Encoded]) -> int:
+    """Tokens the examples of a packed row share at its head (0 for one example or < MIN_SHARED).
+    Sharing stops before any example's first trained token (its predecessor's output is trained)."""
+    if len(row) < 2:
+        return 0
+    n = shareable_len([e.ids for e in row], [e.mask for e in row])
+    return n if n >= MIN_SHARED else 0
+
+
+def row_length(row: Sequence[Encoded], share: bool) -> int:
+    """Tokens of a packed row: the shared head once, then each example's remainder."""
+    n = shared_len(row) if share else 0
+    return n + sum(len(e.ids) - n for e in row)
+
+
+def pack_shared(encoded: Sequence[Encoded], max_length: int) -> list[list[Encoded]]:
+    """Packing for shared openings: examples in token order (those with the same opening next to
+    each other), each added to the current row while the row, its shared head counted once, fits
+    in ``max_length`` tokens."""
+    rows: list[list[Encoded]] = []
+    row: list[Encoded] = []
+    for e in sorted(encoded, key=lambda e: e.ids):
+        if row and row_length([*row, e], share=True) > max_length:
+            rows.append(row)
+            row = []
+        row.append(e)
+    return [*rows, row] if row else rows
+
+
 @dataclass(frozen=True)
 class Batch:
     """Model inputs for rows of one or more examples each.
@@ -140,34 +178,44 @@ class Batch:
         return (self.labels_BT[:, 1:] != IGNORE).any(dim=0).nonzero().flatten()
 
 
-def collate(rows: Sequence[Sequence[Encoded]], pad_id: int) -> Batch:
-    """Right-pad rows of examples to the longest row."""
-    T = max(sum(len(e.ids) for e in row) for row in rows)
+def collate(rows: Sequence[Sequence[Encoded]], pad_id: int, share: bool = False) -> Batch:
+    """Right-pad rows of examples to the longest row. ``share``: a row's shared opening
+    (``shared_len``) is laid out once at its head (module docstring)."""
+    heads = [shared_len(row) if share else 0 for row in rows]
+    T = max(n + sum(len(e.ids) - n for e in row) for n, row in zip(heads, rows, strict=True))
     B = len(rows)
     ids = torch.full((B, T), pad_id, dtype=torch.long)
     labels = torch.full((B, T), IGNORE, dtype=torch.long)
     pos = torch.zeros((B, T), dtype=torch.long)
-    segment = torch.full((B, T), -1, dtype=torch.long)  # -1 = padding
-    for b, row in enumerate(rows):
-        t = 0
+    segment = torch.full((B, T), -1, dtype=torch.long)  # -1 = padding, -2 = the shared head
+    for b, (h, row) in enumerate(zip(heads, rows, strict=True)):
+        ids[b, :h] = torch.tensor(row[0].ids[:h], dtype=torch.long)
+        pos[b, :h] = torch.arange(h)
+        segment[b, :h] = -2
+        t = h
         for s, e in enumerate(row):
-            n = len(e.ids)
-            ids[b, t : t + n] = torch.tensor(e.ids)
-            labels[b, t : t + n] = torch.where(torch.tensor(e.mask) == 1, torch.tensor(e.ids), IGNORE)
-            pos[b, t : t + n] = torch.arange(n)
+            n = len(e.ids) - h
+            ids[b, t : t + n] = torch.tensor(e.ids[h:])
+            labels[b, t : t + n] = torch.where(torch.tensor(e.mask[h:]) == 1, torch.tensor(e.ids[h:]), IGNORE)
+            pos[b, t : t + n] = torch.arange(h, h + n)
             segment[b, t : t + n] = s
             t += n
     causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
-    same = segment[:, :, None] == segment[:, None, :]
+    # an example's tokens see their own example and the shared head; the head sees itself
+    same = (segment[:, :, None] == segment[:, None, :]) | (segment[:, None, :] == -2)
     # Padding attends to itself only, so no row of the mask is empty (softmax stays finite).
-    allowed = (causal & same & (segment[:, :, None] >= 0)) | torch.eye(T, dtype=torch.bool)
+    allowed = (causal & same & (segment[:, :, None] != -1)) | torch.eye(T, dtype=torch.bool)
     attn = torch.zeros((B, 1, T, T)).masked_fill_(~allowed[:, None], torch.finfo(torch.float32).min)
     return Batch(ids, labels, pos, attn)
 
 
-def make_rows(encoded: Sequence[Encoded], packing: bool, max_length: int) -> list[list[Encoded]]:
-    """Rows of one example each (padding) or packed rows."""
-    return pack(encoded, max_length) if packing else [[e] for e in encoded]
+def make_rows(
+    encoded: Sequence[Encoded], packing: bool, max_length: int, share: bool = False
+) -> list[list[Encoded]]:
+    """Rows of one example each (padding), packed rows, or packed rows with shared openings."""
+    if not packing:
+        return [[e] for e in encoded]
+    return pack_shared(encoded, max_length) if share else pack(encoded, max_length)
 
 
 def nll_sum(logits_BKV: torch.Tensor, targets_BK: torch.Tensor) -> torch.Tensor:

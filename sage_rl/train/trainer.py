@@ -13,6 +13,11 @@ pass itself, detached (``old_logprobs="same_pass"``, default; ratio s = 1 on eve
 clip is inactive, as in strictly on-policy GRPO). ``"recompute"`` runs a separate no-grad pass
 first (the same numbers at the cost of one more forward; useful with dropout, or as a check).
 The sampler's logprobs are compared with them: ``logprob_mismatch`` (docs/metrics.md).
+
+Shared prefixes (``shared_prefix``, default on): the opening that every sample of the batch shares
+(the system prompt) runs through the model once per step, and a micro-batch's longer shared
+opening (its group's task prompt) once per micro-batch; the suffixes attend to those keys/values.
+Exact: same loss and gradients as the per-sample forward (``train/prefix.py``).
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from sage_rl.train.batch import PreparedSample, TokenBatch, collate, micro_batch
 from sage_rl.train.config import LoraConfig, TrainerConfig
 from sage_rl.train.logprobs import ChunkedHead, token_logprobs
 from sage_rl.train.lora import with_lora
-from sage_rl.train.loss import LossOutput, clipped_surrogate
+from sage_rl.train.loss import LossOutput, clipped_surrogate, tis_weights
 from sage_rl.train.optim import build_optimizer, optimizer_step
+from sage_rl.train.prefix import KV, StepPrefix, as_cache, prefix_kv, shareable_len, supported
 from sage_rl.types import Sample
 
 __all__ = ["LoraConfig", "MicroStep", "StepStats", "Trainer", "TrainerConfig"]
@@ -44,6 +50,8 @@ class MicroStep:
     loss: LossOutput
     old_logp_BT: torch.Tensor
     entropy_BT: torch.Tensor
+    tis_BT: torch.Tensor | None = None  # the truncated importance weights, when on
+    tis_cap: float = float("inf")
 
 
 @dataclass
@@ -54,6 +62,7 @@ class StepStats:
     gen_tokens: int = 0
     seq_tokens: int = 0
     padded_tokens: int = 0
+    forward_tokens: int = 0
     entropy_sum: float = 0.0
     clip_low_sum: float = 0.0
     clip_high_sum: float = 0.0
@@ -61,6 +70,8 @@ class StepStats:
     kl_ref_sum: float = 0.0
     mismatch_sum: float = 0.0
     mismatch_max: float = 0.0
+    tis_sum: float | None = None  # None: TIS off
+    tis_capped: int = 0
     ratio_min: float = field(default=float("inf"))
     ratio_max: float = field(default=float("-inf"))
 
@@ -71,7 +82,8 @@ class StepStats:
         self.loss += float(out.loss.item())
         self.gen_tokens += n
         self.seq_tokens += b.seq_tokens
-        self.padded_tokens += b.ids_BT.numel()
+        self.padded_tokens += b.ids_BT.numel() + len(b.prefix_ids) * b.ids_BT.shape[0]
+        self.forward_tokens += b.ids_BT.numel()
         self.entropy_sum += float(entropy_BT[sel].sum().item())
         self.clip_low_sum += out.clip_frac_low * n
         self.clip_high_sum += out.clip_frac_high * n
@@ -81,6 +93,9 @@ class StepStats:
             diff = (b.sampler_logp_BT - old_logp_BT.float())[sel].abs()
             self.mismatch_sum += float(diff.sum().item())
             self.mismatch_max = max(self.mismatch_max, float(diff.max().item()))
+            if m.tis_BT is not None:
+                self.tis_sum = (self.tis_sum or 0.0) + float(m.tis_BT[sel].sum().item())
+                self.tis_capped += int((m.tis_BT[sel] >= m.tis_cap).sum().item())
             self.ratio_min = min(self.ratio_min, out.ratio_min)
             self.ratio_max = max(self.ratio_max, out.ratio_max)
 
@@ -100,6 +115,9 @@ class StepStats:
             "gen_tokens": float(self.gen_tokens),
             "seq_tokens": float(self.seq_tokens),
             "pad_fraction": 1.0 - self.seq_tokens / max(self.padded_tokens, 1),
+            "forward_tokens": float(self.forward_tokens),
+            "tis_weight_mean": 1.0 if self.tis_sum is None else self.tis_sum / n,
+            "tis_capped_frac": self.tis_capped / n,
         }
 
 
@@ -124,6 +142,7 @@ class Trainer:
         if cfg.kl_coef > 0 and cfg.lora is None:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.head = ChunkedHead.of(self.model, self.device) if cfg.chunked_head else None
+        self.share_prefix = cfg.shared_prefix and supported(self.model, self.device)
         self.optimizer = build_optimizer(self.model, cfg.lr, cfg.betas, cfg.weight_decay)
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
         self.pad_id = int(pad) if pad is not None else 0
@@ -169,20 +188,56 @@ class Trainer:
         total_tokens = sum(sum(p.mask) for p in prepared)
         self.model.train()
         stats = StepStats()
-        for group in micro_batches(prepared, self.cfg.micro_batch_size):
-            batch = collate(group, self.pad_id, self.device)
-            stats.add(self._micro_step(batch, num_chains, total_tokens), batch)
+        groups = micro_batches(prepared, self.cfg.micro_batch_size, by_prompt=self.share_prefix)
+        root = self._step_prefix(prepared) if len(groups) > 1 else None
+        for group in groups:
+            n = self._prefix_len(group)
+            batch = collate(group, self.pad_id, self.device, n)
+            stats.add(self._micro_step(batch, num_chains, total_tokens, root), batch)
+        if root is not None:
+            root.backward()
+            stats.forward_tokens += len(root.ids)
         self.model.eval()
         return stats
 
-    def _micro_step(self, b: TokenBatch, num_chains: int, total_tokens: int) -> MicroStep:
+    def _prefix_len(self, group: Sequence[PreparedSample]) -> int:
+        """Tokens the group shares and will run once (0: sharing off, or too short to be worth it)."""
+        if not self.share_prefix:
+            return 0
+        n = shareable_len([p.ids for p in group], [p.mask for p in group])
+        return n if n >= self.cfg.shared_prefix_min_tokens else 0
+
+    def _step_prefix(self, prepared: Sequence[PreparedSample]) -> StepPrefix | None:
+        n = self._prefix_len(prepared)
+        if not n:
+            return None
+        return self._autocast(lambda: StepPrefix.compute(self.model, prepared[0].ids[:n], self.device))
+
+    def _past(self, b: TokenBatch, root: StepPrefix | None) -> KV | None:
+        """The micro-batch's prefix keys/values, with grad: the step's prefix (as leaves) continued
+        by the rest of the micro-batch's own prefix."""
+        if not b.prefix_ids:
+            return None
+        start, past = 0, None
+        if root is not None and b.prefix_ids[: len(root.ids)] == root.ids:
+            start, past = len(root.ids), root.leaves
+        if start == len(b.prefix_ids):
+            return past
+        return self._autocast(lambda: prefix_kv(self.model, b.prefix_ids[start:], self.device, past))
+
+    def _micro_step(
+        self, b: TokenBatch, num_chains: int, total_tokens: int, root: StepPrefix | None = None
+    ) -> MicroStep:
+        past = self._past(b, root)
         if self.cfg.old_logprobs == "recompute":
             with torch.no_grad():
-                old_logp_BT, _ = self._logprobs(self.model, b, with_entropy=False)
-        logp_BT, entropy_BT = self._logprobs(self.model, b, with_entropy=True)
+                old_logp_BT, _ = self._logprobs(self.model, b, with_entropy=False, past=past)
+        logp_BT, entropy_BT = self._logprobs(self.model, b, with_entropy=True, past=past)
         if self.cfg.old_logprobs == "same_pass":
             old_logp_BT = logp_BT.detach()
         ref_logp_BT = self._ref_logprobs(b) if self.cfg.kl_coef > 0 else None
+        cap = self.cfg.tis_cap
+        tis_BT = tis_weights(old_logp_BT, b.sampler_logp_BT, cap) if cap is not None else None
         out = clipped_surrogate(
             logp_BT,
             old_logp_BT,
@@ -195,27 +250,43 @@ class Trainer:
             num_tokens=total_tokens,
             ref_logp_BT=ref_logp_BT,
             kl_coef=self.cfg.kl_coef,
+            weight_BT=tis_BT,
         )
         out.loss.backward()
         assert entropy_BT is not None
-        return MicroStep(out, old_logp_BT.detach(), entropy_BT)
+        return MicroStep(out, old_logp_BT.detach(), entropy_BT, tis_BT, cap or float("inf"))
+
+    def _autocast(self, fn: Any) -> Any:
+        dtype = self.autocast_dtype
+        with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            return fn()
 
     def _logprobs(
-        self, model: Any, b: TokenBatch, with_entropy: bool
+        self, model: Any, b: TokenBatch, with_entropy: bool, past: KV | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         dtype = self.autocast_dtype
         with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             if self.head is not None and model is self.model:
-                return self.head.logprobs(b, with_entropy)
+                return self.head.logprobs(b, with_entropy, past)
             # Logits only from the first trained position on: prompt logits are never used.
             logits_BTV = model(
-                input_ids=b.ids_BT, attention_mask=b.attn_BT, logits_to_keep=b.logits_to_keep, use_cache=False
+                input_ids=b.ids_BT,
+                attention_mask=b.attn_full_BT,
+                logits_to_keep=b.logits_to_keep,
+                past_key_values=as_cache(past, b.ids_BT.shape[0]),
+                use_cache=past is not None,
             ).logits
         return token_logprobs(logits_BTV, b.target_BT, with_entropy)
 
     @torch.no_grad()
     def _ref_logprobs(self, b: TokenBatch) -> torch.Tensor:
+        def run(model: Any) -> torch.Tensor:
+            past = (
+                self._autocast(lambda: prefix_kv(model, b.prefix_ids, self.device)) if b.prefix_ids else None
+            )
+            return self._logprobs(model, b, with_entropy=False, past=past)[0]
+
         if self.ref_model is not None:
-            return self._logprobs(self.ref_model, b, with_entropy=False)[0]
+            return run(self.ref_model)
         with self.model.disable_adapter():  # LoRA: the base model is the reference
-            return self._logprobs(self.model, b, with_entropy=False)[0]
+            return run(self.model)
