@@ -106,8 +106,9 @@ def final_model(run_dir: Path) -> str:
     return str(ckpt / "model")
 
 
-def run(cfg: TrainConfig, out: Path) -> dict[str, Any]:
-    """Every stage not done yet; returns {model: {split: evaluation}}, RL summaries and times."""
+def run(cfg: TrainConfig, out: Path, until: str = "grpo") -> dict[str, Any]:
+    """Every stage not done yet, up to the evaluation of model ``until`` (``sft``: no RL);
+    returns {model: {split: evaluation}}, RL summaries and times."""
     assert cfg.recipe is not None
     r, lay = cfg.recipe, Layout(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -137,6 +138,8 @@ def run(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     timed("collect", lambda: _once(lay.expert / "summary.json", collect_cmd.run, collect_cfg))
     sft = timed("sft", lambda: _once(lay.sft / "result.json", sft_cmd.run, sft_cfg))
     results["sft"] = timed("eval sft", lambda: evals("sft", cfg, str(lay.sft / "final")))
+    if until == "sft":
+        return {"results": results, "sft": sft, "rl": {}, "times": times}
     rl = {
         "sage": timed("sage", lambda: rl_stage(sage_cfg)),
         "grpo": timed("grpo", lambda: rl_stage(grpo_cfg)),
@@ -155,7 +158,7 @@ def table(done: dict[str, Any], cfg: TrainConfig, out: Path) -> dict[str, Any]:
     res = done["results"]
     row: dict[str, Any] = {}
     for key in SPLITS:
-        for model in MODELS:
+        for model in (m for m in MODELS if m in res):
             m = res[model][key]["metrics"]
             row[f"{key}_tgc_{model}"] = m["tgc"]
             row[f"{key}_tgc_{model}_ci"] = list(m["tgc_ci"])
@@ -167,16 +170,19 @@ def table(done: dict[str, Any], cfg: TrainConfig, out: Path) -> dict[str, Any]:
             row[f"{key}_success_when_used_{model}"] = m["success_when_used"]
             row[f"{key}_tasks"] = m["tasks"]
         for a, b in (("base", "sft"), ("sft", "sage"), ("sft", "grpo"), ("grpo", "sage")):
+            if a not in res or b not in res:
+                continue
             diff, ci = _paired(res[a][key], res[b][key])
             row[f"{key}_tgc_{b}_minus_{a}"] = diff
             row[f"{key}_tgc_{b}_minus_{a}_ci"] = list(ci)
     rl = done["rl"]
     row |= {
         "sampled_token_budget": cfg.sampled_token_budget,
-        "sampled_tokens_sage": rl["sage"].get("sampled_tokens"),
-        "sampled_tokens_grpo": rl["grpo"].get("sampled_tokens"),
-        "rl_steps_sage": rl["sage"].get("steps"),
-        "rl_steps_grpo": rl["grpo"].get("steps"),
+        "sampled_tokens_sage": rl.get("sage", {}).get("sampled_tokens"),
+        "sampled_tokens_grpo": rl.get("grpo", {}).get("sampled_tokens"),
+        "rl_steps_sage": rl.get("sage", {}).get("steps"),
+        "rl_steps_grpo": rl.get("grpo", {}).get("steps"),
+        "models": [m for m in MODELS if m in res],
         "sft": {k: done["sft"].get(k) for k in ("steps", "train_examples", "eval_loss_before", "eval_loss_after", "best_step", "wall_s")},
         "times_s": done["times"],
         "machine": {"cpus": os.cpu_count(), "load_at_end": list(os.getloadavg()), "python": platform.python_version()},
@@ -203,7 +209,8 @@ def plot(done: dict[str, Any], out: Path, path: Path) -> None:
 
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4))
     sft_tgc = done["results"]["sft"]["heldout"]["metrics"]["tgc"]
-    for name, style in (("sage", "-"), ("grpo", "--")):
+    models = [m for m in MODELS if m in done["results"]]
+    for name, style in ((m, s) for m, s in (("sage", "-"), ("grpo", "--")) if m in models):
         rows = _rows(out / name / "metrics.jsonl")
         steps = [r for r in rows if "reward" in r]
         x = [r.get("sampled_tokens_total", 0) for r in steps]
@@ -219,11 +226,11 @@ def plot(done: dict[str, Any], out: Path, path: Path) -> None:
     ax1.set(title="Reward by chain position", xlabel="sampled tokens", ylabel="mean reward")
     ax2.set(title="Held-out TGC while training", xlabel="sampled tokens", ylabel="TGC (%)", ylim=(0, 100))
     for j, (key, split) in enumerate(SPLITS.items()):
-        ms = [done["results"][m][key]["metrics"] for m in MODELS]
-        xs = [i + 0.4 * j for i in range(len(MODELS))]
+        ms = [done["results"][m][key]["metrics"] for m in models]
+        xs = [i + 0.4 * j for i in range(len(models))]
         yerr = [[m["tgc"] - m["tgc_ci"][0] for m in ms], [m["tgc_ci"][1] - m["tgc"] for m in ms]]
         ax3.bar(xs, [m["tgc"] for m in ms], 0.4, yerr=yerr, capsize=3, label=split)
-    ax3.set_xticks([i + 0.2 for i in range(len(MODELS))], [m.upper() if m != "base" else m for m in MODELS])
+    ax3.set_xticks([i + 0.2 for i in range(len(models))], [m.upper() if m != "base" else m for m in models])
     ax3.set(title="TGC by model (95% bootstrap)", ylabel="TGC (%)", ylim=(0, 100))
     for ax in (ax1, ax2, ax3):
         ax.grid(alpha=0.3)
@@ -247,6 +254,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="folder for laptop_recipe.json/.png (default: docs/results; --quick: --out)",
     )
     ap.add_argument("--quick", action="store_true", help="toy size with the tiny random model (tests)")
+    ap.add_argument(
+        "--until",
+        choices=("sft", "grpo"),
+        default="grpo",
+        help="sft: stop after the SFT model's evaluations and report base and SFT only",
+    )
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -254,7 +267,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         overrides = [*QUICK, f"policy.model={_tiny(out)}", *overrides]
     cfg = load_config(TrainConfig, args.config, overrides)
-    done = run(cfg, out)
+    done = run(cfg, out, args.until)
     results = Path(args.results or (out if args.quick else "docs/results"))
     results.mkdir(parents=True, exist_ok=True)
     row = table(done, cfg, out)

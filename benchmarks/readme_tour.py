@@ -47,7 +47,13 @@ def run(command: str, timeout_s: float) -> dict[str, object]:
         rc, out = "timeout", ""
     wall = time.perf_counter() - t0
     last = out.splitlines()[-1][:160] if out else ""
-    return {"command": command, "wall_s": round(wall, 1), "rc": rc, "last_line": last, "load_1min_before": load}
+    return {
+        "command": command,
+        "wall_s": round(wall, 1),
+        "rc": rc,
+        "last_line": last,
+        "load_1min_before": load,
+    }
 
 
 def main() -> None:

@@ -18,6 +18,11 @@ def _bench():
 def test_quick_laptop_recipe(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # the config's `extends` and default paths are relative to the repository
     bench = _bench()
+    # stopped after SFT: base and SFT reported, no RL run yet; the full run below resumes from it
+    part = bench.main(["--quick", "--out", str(tmp_path / "lr"), "--until", "sft"])
+    assert part["models"] == ["base", "sft"] and "heldout_tgc_sft_minus_base" in part
+    assert "heldout_tgc_sage" not in part and part["sampled_tokens_sage"] is None
+    assert not (tmp_path / "lr" / "sage").exists()
     row = bench.main(["--quick", "--out", str(tmp_path / "lr")])
     saved = json.loads((tmp_path / "lr" / "laptop_recipe.json").read_text())
     assert saved == json.loads(json.dumps(row))
