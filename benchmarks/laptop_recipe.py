@@ -225,6 +225,15 @@ def plot(done: dict[str, Any], out: Path, path: Path) -> None:
         )
     ax1.set(title="Reward by chain position", xlabel="sampled tokens", ylabel="mean reward")
     ax2.set(title="Held-out TGC while training", xlabel="sampled tokens", ylabel="TGC (%)", ylim=(0, 100))
+    if "sage" not in models:  # stopped after SFT (--until sft): its held-out loss by position instead
+        ax1.cla()
+        sft_rows = [r for r in _rows(out / "sft" / "metrics.jsonl") if "eval_loss" in r]
+        for key in sorted({k for r in sft_rows for k in r if k.startswith("eval_loss")}):
+            ax1.plot([r["step"] for r in sft_rows], [r.get(key) for r in sft_rows], marker="o", label=key)
+        ax1.set(title="SFT held-out loss", xlabel="optimizer step", ylabel="loss")
+        ax2.text(
+            0.5, 0.5, "RL stages not run (--until sft)", ha="center", va="center", transform=ax2.transAxes
+        )
     for j, (key, split) in enumerate(SPLITS.items()):
         ms = [done["results"][m][key]["metrics"] for m in models]
         xs = [i + 0.4 * j for i in range(len(models))]
