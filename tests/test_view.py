@@ -280,6 +280,7 @@ def train_run(tmp_path_factory, tiny) -> Path:
         "steps=2",
         "rollout.group_size=2",
         "eval.scenarios=1",
+        "eval.split=dev",
         f"out_dir={out}",
         "init_from=null",
         "agent.max_steps=2",
