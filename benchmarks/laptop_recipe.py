@@ -38,7 +38,6 @@ from typing import Any
 
 from sage_rl.cli import collect as collect_cmd
 from sage_rl.cli import sft as sft_cmd
-from sage_rl.cli import train as train_cmd
 from sage_rl.config import load_config
 from sage_rl.eval.ci import paired_difference
 from sage_rl.recipe.pipeline import (
@@ -46,11 +45,13 @@ from sage_rl.recipe.pipeline import (
     collect_config,
     eval_config,
     evaluate,
+    final_model,
+    run_once,
     sft_config,
     train_config,
+    train_once,
 )
 from sage_rl.settings import TrainConfig
-from sage_rl.train.checkpoint import latest_checkpoint
 
 MODELS = ("base", "sft", "sage", "grpo")
 SPLITS = {"heldout": "train_heldout", "dev": "dev"}
@@ -91,21 +92,6 @@ def grpo_config(sage: TrainConfig) -> TrainConfig:
     return TrainConfig.model_validate(data)
 
 
-def rl_stage(cfg: TrainConfig) -> dict[str, Any]:
-    """Train (resuming a stopped run), unless the run's summary exists."""
-    out = Path(cfg.out_dir)
-    if (out / "summary.json").is_file():
-        return json.loads((out / "summary.json").read_text())
-    return train_cmd.run(cfg, resume=out.is_dir() and latest_checkpoint(out) is not None)
-
-
-def final_model(run_dir: Path) -> str:
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        raise SystemExit(f"{run_dir} has no checkpoint")
-    return str(ckpt / "model")
-
-
 def run(cfg: TrainConfig, out: Path, until: str = "grpo") -> dict[str, Any]:
     """Every stage not done yet, up to the evaluation of model ``until`` (``sft``: no RL);
     returns {model: {split: evaluation}}, RL summaries and times."""
@@ -135,22 +121,18 @@ def run(cfg: TrainConfig, out: Path, until: str = "grpo") -> dict[str, Any]:
 
     results: dict[str, Any] = {}
     results["base"] = timed("eval base", lambda: evals("base", cfg, cfg.policy.model))
-    timed("collect", lambda: _once(lay.expert / "summary.json", collect_cmd.run, collect_cfg))
-    sft = timed("sft", lambda: _once(lay.sft / "result.json", sft_cmd.run, sft_cfg))
+    timed("collect", lambda: run_once(lay.expert / "summary.json", collect_cmd.run, collect_cfg))
+    sft = timed("sft", lambda: run_once(lay.sft / "result.json", sft_cmd.run, sft_cfg))
     results["sft"] = timed("eval sft", lambda: evals("sft", cfg, str(lay.sft / "final")))
     if until == "sft":
         return {"results": results, "sft": sft, "rl": {}, "times": times}
     rl = {
-        "sage": timed("sage", lambda: rl_stage(sage_cfg)),
-        "grpo": timed("grpo", lambda: rl_stage(grpo_cfg)),
+        "sage": timed("sage", lambda: train_once(sage_cfg)),
+        "grpo": timed("grpo", lambda: train_once(grpo_cfg)),
     }
     results["sage"] = timed("eval sage", lambda: evals("sage", sage_cfg, final_model(lay.sage)))
     results["grpo"] = timed("eval grpo", lambda: evals("grpo", grpo_cfg, final_model(Path(grpo_cfg.out_dir))))
     return {"results": results, "sft": sft, "rl": rl, "times": times}
-
-
-def _once(done: Path, command, stage_cfg) -> dict[str, Any]:
-    return json.loads(done.read_text()) if done.is_file() else command(stage_cfg)
 
 
 def table(done: dict[str, Any], cfg: TrainConfig, out: Path) -> dict[str, Any]:

@@ -20,3 +20,15 @@ def tiny() -> tuple[Any, Any]:
 
     torch.set_num_threads(1)
     return tiny_model(seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tiny) -> Any:
+    """The ``tiny`` model saved as a plain checkpoint folder (``policy.model=<it>`` in a command)."""
+    from sage_rl.models import save_plain
+
+    model, tok = tiny
+    d = tmp_path_factory.mktemp("tiny_model")
+    save_plain(model, d)
+    tok.save_pretrained(d)
+    return d

@@ -21,17 +21,6 @@ def _cli(*args, cwd=ROOT, timeout=600):
     return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tiny):
-    from sage_rl.models import save_plain
-
-    model, tok = tiny
-    d = tmp_path_factory.mktemp("tiny_model")
-    save_plain(model, d)
-    tok.save_pretrained(d)
-    return d
-
-
 SMALL = ["agent.max_steps=2", "agent.max_tokens_per_turn=12", "agent.context_limit=4096"]
 
 

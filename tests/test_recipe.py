@@ -8,24 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from sage_rl.config import load_config
 from sage_rl.recipe import applies
 from sage_rl.settings import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tiny):
-    from sage_rl.models import save_plain
-
-    model, tok = tiny
-    d = tmp_path_factory.mktemp("tiny_model")
-    save_plain(model, d)
-    tok.save_pretrained(d)
-    return d
 
 
 def _train(*args: str) -> subprocess.CompletedProcess:

@@ -175,11 +175,11 @@ def run(cfg: TrainConfig, resume: bool) -> dict[str, Any]:
     state = _load_state(lay.root)
     stages: list[tuple[str, str, Callable[[], Any]]] = [
         ("eval_base", "evaluate the base model", lambda: _evaluate_all(cfg, r, lay, "base", cfg.policy.model)),
-        ("collect", "collect expert trajectories", lambda: _once(lay.expert / "summary.json", collect_cmd.run, collect_cfg)),
-        ("sft", "SFT", lambda: _once(lay.sft / "result.json", sft_cmd.run, sft_cfg)),
+        ("collect", "collect expert trajectories", lambda: run_once(lay.expert / "summary.json", collect_cmd.run, collect_cfg)),
+        ("sft", "SFT", lambda: run_once(lay.sft / "result.json", sft_cmd.run, sft_cfg)),
         ("eval_sft", "evaluate the SFT model", lambda: _evaluate_all(cfg, r, lay, "sft", str(lay.sft / "final"))),
-        ("sage", "SAGE from the SFT model", lambda: _sage(sage_cfg, lay)),
-        ("eval_sage", "evaluate the SAGE model", lambda: _evaluate_all(cfg, r, lay, "sage", _sage_model(lay))),
+        ("sage", "SAGE from the SFT model", lambda: train_once(sage_cfg)),
+        ("eval_sage", "evaluate the SAGE model", lambda: _evaluate_all(cfg, r, lay, "sage", final_model(lay.sage))),
     ]  # fmt: skip
     for i, (key, title, stage) in enumerate(stages, start=1):
         err.rule(f"[bold]recipe {i}/{len(stages)}: {title}")
@@ -202,24 +202,26 @@ def _evaluate_all(cfg: TrainConfig, r: RecipeSettings, lay: Layout, stage: str, 
     return out
 
 
-def _once(done: Path, command: Callable[..., dict], stage_cfg: Any) -> dict:
+def run_once(done: Path, command: Callable[..., dict], stage_cfg: Any) -> dict:
     """Run ``command(stage_cfg)`` unless ``done`` (its summary file) exists; returns the summary."""
     if done.is_file():
         return json.loads(done.read_text())
     return command(stage_cfg)
 
 
-def _sage(sage_cfg: TrainConfig, lay: Layout) -> dict:
-    done = lay.sage / "summary.json"
-    if done.is_file():
-        return json.loads(done.read_text())
-    return train_cmd.run(sage_cfg, resume=lay.sage.is_dir() and latest_checkpoint(lay.sage) is not None)
+def train_once(cfg: TrainConfig) -> dict:
+    """``sage-rl train`` of ``cfg`` (resuming a stopped run), unless its summary exists."""
+    out = Path(cfg.out_dir)
+    return run_once(
+        out / "summary.json", lambda c: train_cmd.run(c, resume=latest_checkpoint(out) is not None), cfg
+    )
 
 
-def _sage_model(lay: Layout) -> str:
-    ckpt = latest_checkpoint(lay.sage)
+def final_model(run_dir: Path) -> str:
+    """The model folder of a training run's last checkpoint."""
+    ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
-        raise RecipeError(f"{lay.sage} has no checkpoint to evaluate")
+        raise RecipeError(f"{run_dir} has no checkpoint to evaluate")
     return str(ckpt / "model")
 
 
