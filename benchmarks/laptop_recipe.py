@@ -92,14 +92,18 @@ def grpo_config(sage: TrainConfig) -> TrainConfig:
     return TrainConfig.model_validate(data)
 
 
-def run(cfg: TrainConfig, out: Path, until: str = "grpo") -> dict[str, Any]:
+def run(cfg: TrainConfig, out: Path, until: str = "grpo", parallel: bool = False) -> dict[str, Any]:
     """Every stage not done yet, up to the evaluation of model ``until`` (``sft``: no RL);
-    returns {model: {split: evaluation}}, RL summaries and times."""
+    returns {model: {split: evaluation}}, RL summaries and times. ``parallel``: SAGE and GRPO
+    train side by side in two processes (then their four evaluations, two at a time), each with
+    ``policy.threads`` (1 unless set): on 2 cores this beats one 2-thread process after another."""
     assert cfg.recipe is not None
     r, lay = cfg.recipe, Layout(out)
     out.mkdir(parents=True, exist_ok=True)
     collect_cfg = collect_config(cfg, r, lay.expert)
     sft_cfg = sft_config(cfg, r, lay.expert / f"{collect_cfg.name}.jsonl", lay.sft)
+    if parallel:
+        cfg = _one_thread(cfg)
     sage_cfg = train_config(cfg, lay.sft / "final", lay.sage)
     grpo_cfg = grpo_config(sage_cfg)
     times: dict[str, float] = {}
@@ -112,12 +116,14 @@ def run(cfg: TrainConfig, out: Path, until: str = "grpo") -> dict[str, Any]:
         return result
 
     def evals(model_name: str, run_cfg: TrainConfig, model: str | None) -> dict[str, Any]:
-        return {
-            key: evaluate(
-                eval_config(run_cfg, model, split, r.eval.scenarios, r.eval.concurrency, lay.eval(model_name, split))
+        jobs = [
+            eval_config(
+                run_cfg, model, split, r.eval.scenarios, r.eval.concurrency, lay.eval(model_name, split)
             )
-            for key, split in SPLITS.items()
-        }  # fmt: skip
+            for split in SPLITS.values()
+        ]
+        done = _side_by_side(evaluate, jobs) if parallel else [evaluate(j) for j in jobs]
+        return dict(zip(SPLITS, done, strict=True))
 
     results: dict[str, Any] = {}
     results["base"] = timed("eval base", lambda: evals("base", cfg, cfg.policy.model))
@@ -126,13 +132,45 @@ def run(cfg: TrainConfig, out: Path, until: str = "grpo") -> dict[str, Any]:
     results["sft"] = timed("eval sft", lambda: evals("sft", cfg, str(lay.sft / "final")))
     if until == "sft":
         return {"results": results, "sft": sft, "rl": {}, "times": times}
+    if parallel:
+        sage, grpo = timed("sage + grpo", lambda: _side_by_side(train_once, [sage_cfg, grpo_cfg]))
+        rl = {"sage": sage, "grpo": grpo}
+        runs = {
+            "sage": (sage_cfg, final_model(lay.sage)),
+            "grpo": (grpo_cfg, final_model(Path(grpo_cfg.out_dir))),
+        }
+        jobs = [
+            (m, k, eval_config(c, model, split, r.eval.scenarios, r.eval.concurrency, lay.eval(m, split)))
+            for m, (c, model) in runs.items()
+            for k, split in SPLITS.items()
+        ]
+        done = timed("eval sage + grpo", lambda: _side_by_side(evaluate, [j[2] for j in jobs]))
+        for (m, k, _), ev in zip(jobs, done, strict=True):
+            results.setdefault(m, {})[k] = ev
+        return {"results": results, "sft": sft, "rl": rl, "times": times}
     rl = {
         "sage": timed("sage", lambda: train_once(sage_cfg)),
         "grpo": timed("grpo", lambda: train_once(grpo_cfg)),
     }
     results["sage"] = timed("eval sage", lambda: evals("sage", sage_cfg, final_model(lay.sage)))
     results["grpo"] = timed("eval grpo", lambda: evals("grpo", grpo_cfg, final_model(Path(grpo_cfg.out_dir))))
-    return {"results": results, "sft": sft, "rl": rl, "times": times}
+    return {"results": results, "sft": sft, "rl": rl, "times": times}  # fmt: skip
+
+
+def _one_thread(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with one torch thread per process, unless ``policy.threads`` says otherwise."""
+    return cfg.model_copy(
+        update={"policy": cfg.policy.model_copy(update={"threads": cfg.policy.threads or 1})}
+    )
+
+
+def _side_by_side(fn, items: list) -> list:
+    """``[fn(x) for x in items]``, two processes at a time (spawned: each loads its own torch)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(fn, items))
 
 
 def table(done: dict[str, Any], cfg: TrainConfig, out: Path) -> dict[str, Any]:
@@ -251,6 +289,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default="grpo",
         help="sft: stop after the SFT model's evaluations and report base and SFT only",
     )
+    ap.add_argument(
+        "--parallel",
+        action="store_true",
+        help="train SAGE and GRPO side by side (two processes, one torch thread each), then evaluate them",
+    )
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -258,7 +301,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         overrides = [*QUICK, f"policy.model={_tiny(out)}", *overrides]
     cfg = load_config(TrainConfig, args.config, overrides)
-    done = run(cfg, out, args.until)
+    done = run(cfg, out, args.until, args.parallel)
     results = Path(args.results or (out if args.quick else "docs/results"))
     results.mkdir(parents=True, exist_ok=True)
     row = table(done, cfg, out)

@@ -25,7 +25,7 @@ from sage_rl.agent.prompts import DEFAULT_TEMPLATES, PromptBuilder, WorkedExampl
 from sage_rl.envs.base import Suite
 from sage_rl.policies.base import Policy
 from sage_rl.rollout.chain import ChainRunner
-from sage_rl.settings import CollectConfig, RunConfig, TrainConfig
+from sage_rl.settings import CollectConfig, PolicyConfig, RunConfig, TrainConfig
 from sage_rl.skills.retrieval import make_retriever
 from sage_rl.train.logging import MetricsLogger
 from sage_rl.train.trainer import Trainer
@@ -111,6 +111,7 @@ def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
     from sage_rl.models import load_model
     from sage_rl.policies.transformers_policy import TransformersPolicy
 
+    set_threads(p)
     if model is None:
         model, tokenizer = load_model(p.model, device=p.device)
     return TransformersPolicy(
@@ -121,6 +122,15 @@ def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
         dtype=p.dtype,
         cache_bytes=int(p.cache_gib * 2**30),
     )
+
+
+def set_threads(p: PolicyConfig) -> None:
+    """torch's CPU threads for this process, when ``policy.threads`` names them: two OpenMP
+    threads per process on a shared 2-core machine wait on each other (docs/LOG.md, issue 16)."""
+    if p.kind == "transformers" and p.threads:
+        import torch
+
+        torch.set_num_threads(p.threads)
 
 
 def build_collect_policy(cfg: CollectConfig) -> Policy:
@@ -180,6 +190,7 @@ def open_training(cfg: TrainConfig, resume: bool) -> Training:
     from sage_rl.models import load_model
     from sage_rl.train.checkpoint import open_run
 
+    set_threads(cfg.policy)
     source = cfg.init_from if cfg.init_from and Path(cfg.init_from).is_dir() else cfg.policy.model
     model, tokenizer = load_model(source, device=cfg.policy.device)
     trainer = Trainer(model, tokenizer, cfg.trainer)

@@ -46,6 +46,12 @@ class PolicyConfig(Section):
     #: fast bf16 (the trainer recomputes old logprobs in its own precision: docs/policies.md).
     dtype: Literal["auto", "bfloat16", "float32"] | None = None
     cache_gib: float = Field(2.0, gt=0, description="transformers: KV caches kept between turns")
+    threads: int | None = Field(
+        None,
+        gt=0,
+        description="transformers on CPU: torch threads for sampling and training in this process "
+        "(null = torch's default, one per core); 1 where processes share the cores (docs/recipe.md)",
+    )
     expert_seed: int = 0  # scripted: seed of its variation in names and doc lookups
 
 

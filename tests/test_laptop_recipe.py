@@ -50,3 +50,20 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
         k: v for k, v in row.items() if k not in volatile
     }
     assert all(t < 5 for t in again["times_s"].values())
+
+
+def test_quick_laptop_recipe_side_by_side(tmp_path, monkeypatch):
+    """--parallel: SAGE and GRPO train in two processes with one torch thread each, and their
+    evaluations run two at a time; the results have the same shape and equal-budget stops."""
+    monkeypatch.chdir(ROOT)
+    bench = _bench()
+    row = bench.main(["--quick", "--parallel", "--out", str(tmp_path / "lr")])
+    assert row["models"] == ["base", "sft", "sage", "grpo"]
+    assert {"sage + grpo", "eval sage + grpo"} <= set(row["times_s"])
+    budget = row["sampled_token_budget"]
+    assert row["sampled_tokens_sage"] >= budget and row["sampled_tokens_grpo"] >= budget
+    for name in ("sage", "grpo"):
+        assert "threads: 1" in (tmp_path / "lr" / name / "config.yaml").read_text()
+        for split in ("train_heldout", "dev"):
+            assert (tmp_path / "lr" / "eval" / f"{name}_{split}" / "outcomes.json").is_file()
+    assert row["heldout_tasks"] == 3 and 0.0 <= row["heldout_tgc_grpo"] <= 100.0

@@ -98,7 +98,7 @@ def sft_config(cfg: TrainConfig, r: RecipeSettings, data: Path, folder: Path) ->
         {
             "model": cfg.policy.model,
             "data": {**s.data.model_dump(mode="json"), "path": str(data)},
-            "optim": s.optim.model_dump(mode="json"),
+            "optim": s.optim.model_dump(mode="json") | {"threads": s.optim.threads or cfg.policy.threads},
             "lora": s.lora.model_dump(mode="json"),
             "output": {"dir": str(folder), "eval_every": s.eval_every, "keep": s.keep},
         }
