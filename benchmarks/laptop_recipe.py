@@ -292,7 +292,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--parallel",
         action="store_true",
-        help="train SAGE and GRPO side by side (two processes, one torch thread each), then evaluate them",
+        help="train SAGE and GRPO side by side (two processes, one torch thread each; each trainer peaks "
+        "near 12 GB with these sizes, so 24 GB is not enough), then evaluate them two at a time",
     )
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
     args = ap.parse_args(argv)

@@ -106,3 +106,27 @@ def test_training_stops_at_its_sampled_token_budget_and_resumes_with_its_count(t
     assert (
         second["sampled_tokens"] == rows[-1]["sampled_tokens_total"] == sum(x["sampled_tokens"] for x in rows)
     )
+
+
+def test_policy_threads_reach_torch_and_the_recipes_sft():
+    """policy.threads sets torch's thread count for the process; the recipe's SFT takes it unless
+    recipe.sft.optim.threads says otherwise; null leaves torch alone."""
+    import torch
+
+    from sage_rl.build import set_threads
+    from sage_rl.recipe.pipeline import sft_config
+
+    cfg = load_config(TrainConfig, ROOT / "configs/quickstart.yaml", ["policy.threads=1"])
+    assert sft_config(cfg, cfg.recipe, Path("x.jsonl"), Path("sft")).optim.threads == 1
+    own = load_config(
+        TrainConfig, "configs/quickstart.yaml", ["policy.threads=1", "recipe.sft.optim.threads=2"]
+    )
+    assert sft_config(own, own.recipe, Path("x.jsonl"), Path("sft")).optim.threads == 2
+    before = torch.get_num_threads()
+    try:
+        set_threads(cfg.policy)
+        assert torch.get_num_threads() == 1
+        set_threads(cfg.policy.model_copy(update={"threads": None}))
+        assert torch.get_num_threads() == 1  # null: unchanged
+    finally:
+        torch.set_num_threads(before)
