@@ -119,7 +119,7 @@ def test_policy_threads_reach_torch_and_the_recipes_sft():
     cfg = load_config(TrainConfig, ROOT / "configs/quickstart.yaml", ["policy.threads=1"])
     assert sft_config(cfg, cfg.recipe, Path("x.jsonl"), Path("sft")).optim.threads == 1
     own = load_config(
-        TrainConfig, "configs/quickstart.yaml", ["policy.threads=1", "recipe.sft.optim.threads=2"]
+        TrainConfig, ROOT / "configs/quickstart.yaml", ["policy.threads=1", "recipe.sft.optim.threads=2"]
     )
     assert sft_config(own, own.recipe, Path("x.jsonl"), Path("sft")).optim.threads == 2
     before = torch.get_num_threads()
