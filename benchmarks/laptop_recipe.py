@@ -94,16 +94,16 @@ def grpo_config(sage: TrainConfig) -> TrainConfig:
 
 def run(cfg: TrainConfig, out: Path, until: str = "grpo", parallel: bool = False) -> dict[str, Any]:
     """Every stage not done yet, up to the evaluation of model ``until`` (``sft``: no RL);
-    returns {model: {split: evaluation}}, RL summaries and times. ``parallel``: SAGE and GRPO
-    train side by side in two processes (then their four evaluations, two at a time), each with
-    ``policy.threads`` (1 unless set): on 2 cores this beats one 2-thread process after another."""
+    returns {model: {split: evaluation}}, RL summaries and times. ``parallel``: evaluations run
+    two at a time in two processes, each with ``policy.threads`` (1 unless set): on 2 cores this
+    beats one 2-thread process after another. Training stays one run at a time: each RL trainer
+    peaks near 12 GB at these sizes, and two side by side were OOM-killed on 24 GB (docs/LOG.md)."""
     assert cfg.recipe is not None
     r, lay = cfg.recipe, Layout(out)
     out.mkdir(parents=True, exist_ok=True)
     collect_cfg = collect_config(cfg, r, lay.expert)
     sft_cfg = sft_config(cfg, r, lay.expert / f"{collect_cfg.name}.jsonl", lay.sft)
-    if parallel:
-        cfg = _one_thread(cfg)
+    ev_cfg = _one_thread if parallel else (lambda c: c)
     sage_cfg = train_config(cfg, lay.sft / "final", lay.sage)
     grpo_cfg = grpo_config(sage_cfg)
     times: dict[str, float] = {}
@@ -118,7 +118,12 @@ def run(cfg: TrainConfig, out: Path, until: str = "grpo", parallel: bool = False
     def evals(model_name: str, run_cfg: TrainConfig, model: str | None) -> dict[str, Any]:
         jobs = [
             eval_config(
-                run_cfg, model, split, r.eval.scenarios, r.eval.concurrency, lay.eval(model_name, split)
+                ev_cfg(run_cfg),
+                model,
+                split,
+                r.eval.scenarios,
+                r.eval.concurrency,
+                lay.eval(model_name, split),
             )
             for split in SPLITS.values()
         ]
@@ -132,15 +137,23 @@ def run(cfg: TrainConfig, out: Path, until: str = "grpo", parallel: bool = False
     results["sft"] = timed("eval sft", lambda: evals("sft", cfg, str(lay.sft / "final")))
     if until == "sft":
         return {"results": results, "sft": sft, "rl": {}, "times": times}
+    rl = {
+        "sage": timed("sage", lambda: train_once(sage_cfg)),
+        "grpo": timed("grpo", lambda: train_once(grpo_cfg)),
+    }
     if parallel:
-        sage, grpo = timed("sage + grpo", lambda: _side_by_side(train_once, [sage_cfg, grpo_cfg]))
-        rl = {"sage": sage, "grpo": grpo}
         runs = {
             "sage": (sage_cfg, final_model(lay.sage)),
             "grpo": (grpo_cfg, final_model(Path(grpo_cfg.out_dir))),
         }
         jobs = [
-            (m, k, eval_config(c, model, split, r.eval.scenarios, r.eval.concurrency, lay.eval(m, split)))
+            (
+                m,
+                k,
+                eval_config(
+                    ev_cfg(c), model, split, r.eval.scenarios, r.eval.concurrency, lay.eval(m, split)
+                ),
+            )
             for m, (c, model) in runs.items()
             for k, split in SPLITS.items()
         ]
@@ -148,10 +161,6 @@ def run(cfg: TrainConfig, out: Path, until: str = "grpo", parallel: bool = False
         for (m, k, _), ev in zip(jobs, done, strict=True):
             results.setdefault(m, {})[k] = ev
         return {"results": results, "sft": sft, "rl": rl, "times": times}
-    rl = {
-        "sage": timed("sage", lambda: train_once(sage_cfg)),
-        "grpo": timed("grpo", lambda: train_once(grpo_cfg)),
-    }
     results["sage"] = timed("eval sage", lambda: evals("sage", sage_cfg, final_model(lay.sage)))
     results["grpo"] = timed("eval grpo", lambda: evals("grpo", grpo_cfg, final_model(Path(grpo_cfg.out_dir))))
     return {"results": results, "sft": sft, "rl": rl, "times": times}  # fmt: skip
@@ -292,8 +301,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--parallel",
         action="store_true",
-        help="train SAGE and GRPO side by side (two processes, one torch thread each; each trainer peaks "
-        "near 12 GB with these sizes, so 24 GB is not enough), then evaluate them two at a time",
+        help="evaluate two models or splits at a time (two processes, one torch thread each); training "
+        "stays one run at a time (an RL trainer peaks near 12 GB at these sizes)",
     )
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
     args = ap.parse_args(argv)
