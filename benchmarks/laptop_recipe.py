@@ -115,55 +115,35 @@ def run(cfg: TrainConfig, out: Path, until: str = "grpo", parallel: bool = False
         print(f"[laptop_recipe] {name}: {times[name]:.0f} s", file=sys.stderr)
         return result
 
-    def evals(model_name: str, run_cfg: TrainConfig, model: str | None) -> dict[str, Any]:
+    def evals(models: dict[str, tuple[TrainConfig, str | None]]) -> dict[str, Any]:
+        """{model: {split: evaluation}} of ``{name: (run config, weights)}``, every split."""
         jobs = [
-            eval_config(
-                ev_cfg(run_cfg),
-                model,
-                split,
-                r.eval.scenarios,
-                r.eval.concurrency,
-                lay.eval(model_name, split),
-            )
-            for split in SPLITS.values()
-        ]
-        done = _side_by_side(evaluate, jobs) if parallel else [evaluate(j) for j in jobs]
-        return dict(zip(SPLITS, done, strict=True))
+            (m, k, eval_config(ev_cfg(c), model, split, r.eval.scenarios, r.eval.concurrency, lay.eval(m, split)))
+            for m, (c, model) in models.items()
+            for k, split in SPLITS.items()
+        ]  # fmt: skip
+        done = _side_by_side(evaluate, [j[2] for j in jobs]) if parallel else [evaluate(j[2]) for j in jobs]
+        out: dict[str, Any] = {}
+        for (m, k, _), ev in zip(jobs, done, strict=True):
+            out.setdefault(m, {})[k] = ev
+        return out
 
-    results: dict[str, Any] = {}
-    results["base"] = timed("eval base", lambda: evals("base", cfg, cfg.policy.model))
+    results = timed("eval base", lambda: evals({"base": (cfg, cfg.policy.model)}))
     timed("collect", lambda: run_once(lay.expert / "summary.json", collect_cmd.run, collect_cfg))
     sft = timed("sft", lambda: run_once(lay.sft / "result.json", sft_cmd.run, sft_cfg))
-    results["sft"] = timed("eval sft", lambda: evals("sft", cfg, str(lay.sft / "final")))
+    results |= timed("eval sft", lambda: evals({"sft": (cfg, str(lay.sft / "final"))}))
     if until == "sft":
         return {"results": results, "sft": sft, "rl": {}, "times": times}
     rl = {
         "sage": timed("sage", lambda: train_once(sage_cfg)),
         "grpo": timed("grpo", lambda: train_once(grpo_cfg)),
     }
-    if parallel:
-        runs = {
-            "sage": (sage_cfg, final_model(lay.sage)),
-            "grpo": (grpo_cfg, final_model(Path(grpo_cfg.out_dir))),
-        }
-        jobs = [
-            (
-                m,
-                k,
-                eval_config(
-                    ev_cfg(c), model, split, r.eval.scenarios, r.eval.concurrency, lay.eval(m, split)
-                ),
-            )
-            for m, (c, model) in runs.items()
-            for k, split in SPLITS.items()
-        ]
-        done = timed("eval sage + grpo", lambda: _side_by_side(evaluate, [j[2] for j in jobs]))
-        for (m, k, _), ev in zip(jobs, done, strict=True):
-            results.setdefault(m, {})[k] = ev
-        return {"results": results, "sft": sft, "rl": rl, "times": times}
-    results["sage"] = timed("eval sage", lambda: evals("sage", sage_cfg, final_model(lay.sage)))
-    results["grpo"] = timed("eval grpo", lambda: evals("grpo", grpo_cfg, final_model(Path(grpo_cfg.out_dir))))
-    return {"results": results, "sft": sft, "rl": rl, "times": times}  # fmt: skip
+    trained = {
+        "sage": (sage_cfg, final_model(lay.sage)),
+        "grpo": (grpo_cfg, final_model(Path(grpo_cfg.out_dir))),
+    }
+    results |= timed("eval sage + grpo", lambda: evals(trained))
+    return {"results": results, "sft": sft, "rl": rl, "times": times}
 
 
 def _one_thread(cfg: TrainConfig) -> TrainConfig:
