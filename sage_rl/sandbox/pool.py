@@ -149,6 +149,7 @@ class Sandbox:
                     if attempt == 2:
                         raise SandboxError(f"could not fork a sandbox worker: {e}") from e
                     log.warning("sandbox template failed (%s); restarting it", e)
+                    self._discard_spares()  # forked by the dead template: dying with it
                     self._stop_template()
         raise AssertionError("unreachable")
 
