@@ -240,9 +240,7 @@ def plot(done: dict[str, Any], out: Path, path: Path) -> None:
         for key in sorted({k for r in sft_rows for k in r if k.startswith("eval_loss")}):
             ax1.plot([r["step"] for r in sft_rows], [r.get(key) for r in sft_rows], marker="o", label=key)
         ax1.set(title="SFT held-out loss", xlabel="optimizer step", ylabel="loss")
-        ax2.text(
-            0.5, 0.5, "RL stages not run (--until sft)", ha="center", va="center", transform=ax2.transAxes
-        )
+        ax2.text(0.5, 0.5, "RL stages not run", ha="center", va="center", transform=ax2.transAxes)
     for j, (key, split) in enumerate(SPLITS.items()):
         ms = [done["results"][m][key]["metrics"] for m in models]
         xs = [i + 0.4 * j for i in range(len(models))]

@@ -130,3 +130,47 @@ def test_policy_threads_reach_torch_and_the_recipes_sft():
         assert torch.get_num_threads() == 1  # null: unchanged
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_recipes_sft_trains_where_the_policy_runs(tmp_path):
+    """recipe.sft.optim.device "auto" follows policy.device (SFT on the CPU when the run is on the
+    CPU, on the GPU when it is there); a device of its own wins; a device name that is none is a
+    config error naming the key."""
+    import pytest
+
+    from sage_rl.config import ConfigError
+    from sage_rl.recipe.pipeline import sft_config
+    from sage_rl.train.sft_config import SFTConfig
+
+    def sft_device(*overrides: str) -> str:
+        cfg = load_config(TrainConfig, ROOT / "configs/quickstart.yaml", list(overrides))
+        return sft_config(cfg, cfg.recipe, Path("x.jsonl"), Path("sft")).optim.device
+
+    assert sft_device() == "auto"
+    assert sft_device("policy.device=cpu") == "cpu"
+    assert sft_device("policy.device=cpu", "recipe.sft.optim.device=cuda:1") == "cuda:1"
+    bad = tmp_path / "sft.yaml"
+    bad.write_text("data: {path: x.jsonl}\noptim: {device: gpu}\n")
+    with pytest.raises(ConfigError, match="optim.device"):
+        load_config(SFTConfig, bad, [])
+
+
+def test_a_run_stopped_in_its_first_step_is_started_again(tiny_dir, tmp_path):
+    """benchmarks/laptop_recipe.py resumes its stages: an RL run killed during its first step (its
+    folder holds an empty metrics file and no checkpoint) starts again from step 0, not refused."""
+    from sage_rl.recipe.pipeline import train_once
+
+    out = tmp_path / "sage"
+    cfg = load_config(
+        TrainConfig,
+        ROOT / "configs/quickstart.yaml",
+        [f"policy.model={tiny_dir}", "init_from=null", f"out_dir={out}", "pocketworld.sandbox=false",
+         "agent.max_steps=1", "agent.max_tokens_per_turn=6", "rollout.group_size=2",
+         "eval.before_after=false", "steps=1"],
+    )  # fmt: skip
+    out.mkdir()
+    (out / "metrics.jsonl").touch()
+    summary = train_once(cfg)
+    assert summary["steps"] == 1 and (out / "summary.json").is_file()
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1]

@@ -43,7 +43,7 @@ def run(cfg: SFTConfig, show_progress: bool = True) -> dict:
     if cfg.optim.threads:
         torch.set_num_threads(cfg.optim.threads)
     examples = read_jsonl(cfg.data.path)[: cfg.data.limit]
-    model, tokenizer = load_model(cfg.model)
+    model, tokenizer = load_model(cfg.model, device=cfg.optim.device)
     _, result = train_sft(
         model, tokenizer, examples, cfg, ChatRenderer(tokenizer).conversation, show_progress
     )

@@ -114,6 +114,11 @@ class NativeRunner:
         # On a CPU, attention over a float32 cache is faster than over a bfloat16 one: the
         # bfloat16 batched products copy strided operands, the float32 ones run at memory speed.
         self.kv_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
+        # Decode attention: on a CPU each row attends over its own cache (no copies); on an
+        # accelerator, where every small kernel costs a launch, the rows' caches are padded into
+        # one batch and attended by a few batched kernels instead of three per row (2x at 64
+        # rows on an H200: docs/LOG.md, 2026-11-26).
+        self.padded_decode = self.device.type != "cpu"
         self._signature: tuple = ()
         self.refresh()
 
@@ -217,6 +222,8 @@ class NativeRunner:
             cache.kv[i, 0, :, start : start + T] = k_TKD.transpose(0, 1)
             cache.kv[i, 1, :, start : start + T] = v_TKD.transpose(0, 1)
             _attend_causal(q_THD, cache.keys(i, start + T), cache.values(i, start + T), start, out_THD)
+        elif self.padded_decode:  # one new token per sequence, the caches padded into a batch
+            _attend_padded(q_THD, torch.stack((k_TKD, v_TKD), 1), [c.kv[i] for c in caches], starts, out_THD)
         else:  # one new token per sequence, each attending over its own cache
             kv_T2KD = torch.stack((k_TKD, v_TKD), 1)
             G = H // KV
@@ -248,6 +255,29 @@ def _attend_causal(q_THD, k_KLD, v_KLD, start: int, out_THD) -> None:
     p_KQL = torch.softmax(s_KGTL, dim=-1).view(KV, G * T, L)
     o_KQD = torch.bmm(p_KQL, v_KLD)
     out_THD.copy_(o_KQD.view(KV, G, T, Dh).permute(2, 0, 1, 3).reshape(T, H, Dh))
+
+
+def _attend_padded(q_BHD, kv_B2KD, layer_kv: list[torch.Tensor], starts: list[int], out_BHD) -> None:
+    """Attention of one new token per row (positions ``starts``), each over its own cache
+    (``layer_kv[b]``: the row's ``[2, KV, capacity, Dh]`` for this layer), after writing the new
+    keys and values into the caches; the caches are right-padded into one ``[B, L, ...]`` batch and
+    the padding is masked out. ``q`` is pre-scaled."""
+    B, H, Dh = q_BHD.shape
+    KV = kv_B2KD.shape[2]
+    for b, (kv, start) in enumerate(zip(layer_kv, starts, strict=True)):
+        kv[:, :, start] = kv_B2KD[b]
+    lengths = [s + 1 for s in starts]
+    kv_BL2KD = torch.nn.utils.rnn.pad_sequence(
+        [kv[:, :, :n].permute(2, 0, 1, 3) for kv, n in zip(layer_kv, lengths, strict=True)], batch_first=True
+    )
+    k_BKDL = kv_BL2KD[:, :, 0].permute(0, 2, 3, 1)
+    v_BKLD = kv_BL2KD[:, :, 1].permute(0, 2, 1, 3)
+    s_BKGL = torch.matmul(q_BHD.view(B, KV, H // KV, Dh), k_BKDL)
+    L = kv_BL2KD.shape[1]
+    pad_BL = torch.arange(L) >= torch.tensor(lengths)[:, None]
+    s_BKGL = s_BKGL.masked_fill(pad_BL.to(s_BKGL.device)[:, None, None, :], float("-inf"))
+    o_BKGD = torch.matmul(torch.softmax(s_BKGL, dim=-1), v_BKLD)
+    out_BHD.copy_(o_BKGD.reshape(B, H, Dh))
 
 
 class HFRunner:

@@ -53,10 +53,11 @@ def draw(
     (the contract of ``sage_rl.policies.transformers_policy``). Greedy rows take the argmax
     and report the plain ``log_softmax`` (temperature 1); they consume no random number."""
     B, V = logits_BV.shape
+    device = logits_BV.device
     temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
     scaled_BV = logits_BV.float()
     if any(t != 1.0 for t in temps):
-        scaled_BV = scaled_BV / torch.tensor(temps)[:, None]
+        scaled_BV = scaled_BV / torch.tensor(temps, device=device)[:, None]
     logp_BV = torch.log_softmax(scaled_BV, dim=-1)
     for b, p in enumerate(params):
         if _filtered(p, V):
@@ -64,12 +65,12 @@ def draw(
     sampled = [b for b, p in enumerate(params) if p.temperature > 0]
     tokens = logp_BV.argmax(dim=-1)
     if sampled:
-        rows = torch.tensor(sampled)
+        rows = torch.tensor(sampled, device=device)
         probs_SV = (logp_BV if len(sampled) == B else logp_BV[rows]).exp()
         cdf_SV = torch.cumsum(probs_SV, dim=-1, dtype=torch.float64)
-        u_S1 = torch.tensor([[streams[b].random()] for b in sampled], dtype=torch.float64)
+        u_S1 = torch.tensor([[streams[b].random()] for b in sampled], dtype=torch.float64, device=device)
         # First token whose cumulative mass exceeds u * total: never a zero-probability token.
         picked = torch.searchsorted(cdf_SV, u_S1 * cdf_SV[:, -1:], right=True)[:, 0]
         tokens[rows] = torch.minimum(picked, (cdf_SV < cdf_SV[:, -1:]).sum(-1))
     chosen = tokens.tolist()
-    return chosen, logp_BV[torch.arange(B), tokens].tolist()
+    return chosen, logp_BV[torch.arange(B, device=device), tokens].tolist()

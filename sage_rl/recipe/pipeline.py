@@ -98,7 +98,11 @@ def sft_config(cfg: TrainConfig, r: RecipeSettings, data: Path, folder: Path) ->
         {
             "model": cfg.policy.model,
             "data": {**s.data.model_dump(mode="json"), "path": str(data)},
-            "optim": s.optim.model_dump(mode="json") | {"threads": s.optim.threads or cfg.policy.threads},
+            "optim": s.optim.model_dump(mode="json")
+            | {  # the run's threads and device, unless the SFT section names its own
+                "threads": s.optim.threads or cfg.policy.threads,
+                "device": cfg.policy.device if s.optim.device == "auto" else s.optim.device,
+            },
             "lora": s.lora.model_dump(mode="json"),
             "output": {"dir": str(folder), "eval_every": s.eval_every, "keep": s.keep},
         }
@@ -210,11 +214,11 @@ def run_once(done: Path, command: Callable[..., dict], stage_cfg: Any) -> dict:
 
 
 def train_once(cfg: TrainConfig) -> dict:
-    """``sage-rl train`` of ``cfg`` (resuming a stopped run), unless its summary exists."""
+    """``sage-rl train`` of ``cfg``, unless its summary exists. A folder left by a stopped run is
+    resumed: from its last checkpoint, or from step 0 when it stopped before its first step was
+    logged (a folder with logged steps and no checkpoint is a ``CheckpointError`` naming it)."""
     out = Path(cfg.out_dir)
-    return run_once(
-        out / "summary.json", lambda c: train_cmd.run(c, resume=latest_checkpoint(out) is not None), cfg
-    )
+    return run_once(out / "summary.json", lambda c: train_cmd.run(c, resume=out.is_dir()), cfg)
 
 
 def final_model(run_dir: Path) -> str:

@@ -162,6 +162,7 @@ def num_steps(n_rows: int, cfg: SFTConfig) -> int:
 def forward_loss_sum(model: Any, batch: Batch) -> torch.Tensor:
     """Sum of the trained tokens' NLL. Only the logits that predict a trained token are computed
     (``logits_to_keep``): with a 49k vocabulary they dominate memory otherwise."""
+    batch = batch.to(next(model.parameters()).device)
     keep_K = batch.loss_positions_K
     out = model(
         input_ids=batch.input_ids_BT,

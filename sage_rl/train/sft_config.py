@@ -56,6 +56,11 @@ class SFTOptim(Section):
     )
     seed: int = 0
     threads: int | None = Field(None, gt=0, description="torch CPU threads (None = torch's default)")
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+        description="where to train: cpu, cuda, cuda:N, or auto = CUDA when available",
+    )
     patience: int | None = Field(
         None,
         gt=0,

@@ -14,6 +14,7 @@ the example. A row then computes exactly what its examples compute alone (tested
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,11 @@ class Encoded:
 
     ids: tuple[int, ...]
     mask: tuple[int, ...]
+
+    def to(self, device: torch.device) -> Batch:
+        """The same batch on ``device``."""
+        moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)}
+        return dataclasses.replace(self, **moved)
 
     @property
     def num_trained(self) -> int:
@@ -167,6 +173,11 @@ class Batch:
     labels_BT: torch.Tensor  # token t's label; IGNORE where it carries no loss
     position_ids_BT: torch.Tensor
     attn_B1TT: torch.Tensor
+
+    def to(self, device: torch.device) -> Batch:
+        """The same batch on ``device``."""
+        moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)}
+        return dataclasses.replace(self, **moved)
 
     @property
     def num_trained(self) -> int:

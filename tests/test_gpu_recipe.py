@@ -1,0 +1,68 @@
+"""benchmarks/gpu_recipe.py: the RL budget sized from the time left (hand-worked numbers), and the
+whole script at toy size on the CPU: RL run at equal budgets when it fits, skipped when it does not."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from sage_rl.config import load_config
+from sage_rl.settings import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("gpu_recipe", ROOT / "benchmarks" / "gpu_recipe.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def _sft_done(eval_s: float) -> dict:
+    metrics = {
+        "heldout": {"metrics": {"avg_tokens": 400.0, "tasks": 90}},
+        "dev": {"metrics": {"avg_tokens": 500.0, "tasks": 24}},
+    }
+    return {"times": {"eval sft": eval_s}, "results": {"sft": metrics}}
+
+
+def test_rl_budget_by_hand(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    bench = _bench()
+    cfg = load_config(TrainConfig, "configs/gpu_recipe.yaml", [])  # G = 8, B = 4, K = 2
+    # eval sft: 90 x 400 + 24 x 500 = 48,000 tokens in 100 s = 480 tok/s, 421.05 tokens a task;
+    # one step = 8 x 4 x 2 x 421.05 = 26,947 tokens.
+    # 600 s left: (600 - 3 x 100) / 2 = 150 s a run, x 0.5 x 480 = 36,000 tokens; less one step: 9,052.
+    budget, rule = bench.rl_budget(_sft_done(100.0), 600.0, cfg)
+    assert budget == 9052 and rule.endswith("= 9052 tokens")
+    # 400 s left: 50 s a run, 12,000 tokens: less than one step, so no RL at all
+    budget, rule = bench.rl_budget(_sft_done(100.0), 400.0, cfg)
+    assert budget is None and rule.endswith("RL not run")
+    # no time left at all (the SFT evaluation alone overran): no RL either, not a negative budget
+    assert bench.rl_budget(_sft_done(100.0), -50.0, cfg)[0] is None
+
+
+@pytest.mark.parametrize("deadline", [0.0, 3600.0], ids=["no-time-left", "time-for-rl"])
+def test_quick_gpu_recipe(tmp_path, monkeypatch, deadline):
+    monkeypatch.chdir(ROOT)
+    bench = _bench()
+    out = tmp_path / "g"
+    row = bench.main(["--quick", "--deadline-s", str(deadline), "--out", str(out), "--results", str(out)])
+    assert json.loads((out / "laptop_recipe.json").read_text()) == json.loads(json.dumps(row))
+    assert row["deadline_s"] == deadline and row["device"] == "cpu" and (out / "laptop_recipe.png").is_file()
+    if deadline == 0.0:  # the deadline passed during SFT's evaluation: base and SFT only
+        assert row["models"] == ["base", "sft"] and row["budget_rule"].endswith("RL not run")
+        assert row["sampled_token_budget"] is None and not (out / "sage").exists()
+        return
+    assert row["models"] == ["base", "sft", "sage", "grpo"]
+    budget = row["sampled_token_budget"]
+    assert row["budget_rule"].endswith(f"= {budget} tokens") and budget > 0
+    assert row["sampled_tokens_sage"] >= budget or row["rl_steps_sage"] == 3  # the toy step cap
+    assert row["sampled_tokens_grpo"] >= budget or row["rl_steps_grpo"] == 3
