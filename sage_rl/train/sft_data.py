@@ -40,11 +40,6 @@ class Encoded:
     ids: tuple[int, ...]
     mask: tuple[int, ...]
 
-    def to(self, device: torch.device) -> Batch:
-        """The same batch on ``device``."""
-        moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)}
-        return dataclasses.replace(self, **moved)
-
     @property
     def num_trained(self) -> int:
         return sum(self.mask)
