@@ -13,7 +13,7 @@ import pytest
 from test_sandbox_support import TEST_LIMITS, FakeWorld, run
 
 from sage_rl.config import ConfigError, load_config
-from sage_rl.sandbox import IsolationReport, Sandbox, SandboxLimits
+from sage_rl.sandbox import IsolationReport, Sandbox, SandboxError, SandboxLimits
 from sage_rl.sandbox.landlock import abi_version
 from sage_rl.sandbox.worker import CappedOutput, format_exception
 from sage_rl.types import CallRecord, skill_origin
@@ -389,3 +389,15 @@ def test_network_namespace_without_root():
         pytest.skip(f"unprivileged user namespaces are disabled here: {note}")
     assert layer == "netns" and note == ""
     assert reached == "Network is unreachable"  # only a loopback that is down
+
+
+def test_a_template_that_cannot_import_its_dependencies_names_the_cause(tmp_path, monkeypatch):
+    """An interpreter without sage-rl's dependencies in its site-packages (as when they came in
+    through PYTHONPATH only): the error names the module and where to install it."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bare" / "bin" / "python"))
+    with pytest.raises(SandboxError, match=r"cannot import '\w+' in the sandbox.*site-packages"):
+        Sandbox(TEST_LIMITS).start()

@@ -82,6 +82,8 @@ def test_verl_keys_that_sage_decides_cannot_be_overridden():
         )
     with pytest.raises(ConfigError, match="model: set"):
         compose_config(VerlRunConfig())
+    with pytest.raises(ConfigError, match="rollout.dynamic_sampling"):  # the local trainer's only
+        compose_config(VerlRunConfig(model="m", rollout={"dynamic_sampling": True}))
     with pytest.raises(ConfigError, match="at least agent.context_limit=28000"):
         compose_config(
             VerlRunConfig(model="m", verl={"actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 8192})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pydantic import Field
 
@@ -34,6 +35,13 @@ class RolloutConfig(Section):
     normalize_std: bool = False  # LOOP/SAGE: no std division
     drop_below: float | None = Field(None, ge=0, description="LOOP drops |A| < 0.01; null keeps all")
     concurrency: int = Field(16, ge=1, description="chains in flight")
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO's dynamic sampling: draw B more task sequences while fewer than B groups "
+        "carry a learning signal (some advantage != 0), at most max_draws draws a step; only those "
+        "groups are trained, every drawn token counts as sampled",
+    )
+    max_draws: int = Field(3, ge=1, description="draws of B task sequences per step (dynamic sampling)")
 
 
 def check_group_contract(groups: Sequence[Sequence[Chain]]) -> None:
@@ -79,15 +87,45 @@ def to_samples(groups: Sequence[Sequence[Chain]], cfg: RolloutConfig) -> list[Sa
     ]
 
 
+def has_signal(chains: Sequence[Chain], cfg: RolloutConfig) -> bool:
+    """Whether the group's advantages are not all 0 (it has a gradient to give)."""
+    return any(s.advantage != 0.0 for s in to_samples([chains], cfg))
+
+
+@dataclass(frozen=True)
+class Draws:
+    """What one step sampled (``drawn``: every group, in draw order) and what it trains on."""
+
+    drawn: list[list[Chain]]
+    trained: list[list[Chain]]
+
+
+async def rollout_step(runner: ChainRunner, rng: random.Random, cfg: RolloutConfig, step: int = 0) -> Draws:
+    """One step's groups. Without dynamic sampling: one draw of B sequences, all trained. With
+    it: draws of B sequences until B groups have a signal (or ``max_draws``); those are trained,
+    all of them, so a lucky last draw may give more than B."""
+    drawn: list[list[Chain]] = []
+    trained: list[list[Chain]] = []
+    for _ in range(cfg.max_draws if cfg.dynamic_sampling else 1):
+        batch = await rollout_batch(runner, rng, cfg, step=step, first_index=len(drawn))
+        drawn += batch
+        trained += [g for g in batch if not cfg.dynamic_sampling or has_signal(g, cfg)]
+        if len(trained) >= cfg.groups_per_step:
+            break
+    return Draws(drawn, trained)
+
+
 async def rollout_batch(
     runner: ChainRunner,
     rng: random.Random,
     cfg: RolloutConfig,
     library: Library | None = None,
     step: int = 0,
+    first_index: int = 0,
 ) -> list[list[Chain]]:
     """Sample B task sequences from the runner's suite and run G chains of each, all
-    concurrently (bounded). ``step`` is the training step (skill provenance)."""
+    concurrently (bounded). ``step`` is the training step (skill provenance); the groups are
+    numbered from ``first_index``."""
     sample = runner.suite.sample_chain
     sequences = [sample(rng, cfg.chain_length, cfg.split) for _ in range(cfg.groups_per_step)]
     start = library or Library()
@@ -95,7 +133,7 @@ async def rollout_batch(
 
     async def group(i: int, seq) -> list[Chain]:
         async with sem:
-            return await run_group(runner, seq, start, i, cfg.group_size, step)
+            return await run_group(runner, seq, start, first_index + i, cfg.group_size, step)
 
     groups = list(await asyncio.gather(*(group(i, s) for i, s in enumerate(sequences))))
     check_group_contract(groups)

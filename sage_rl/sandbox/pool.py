@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -267,7 +268,7 @@ class Sandbox:
         except TimeoutError:
             raise SandboxError(f"sandbox template did not answer in {timeout:g} s") from None
         if not data:
-            raise SandboxError(f"sandbox template exited: {self._template_stderr() or 'no message'}")
+            raise SandboxError(template_exit_message(self._template_stderr()))
         msg = json.loads(data)
         msg["_fds"] = fds
         return msg
@@ -300,6 +301,20 @@ class Sandbox:
         if self._network_note:
             report = IsolationReport(**{**report.__dict__, "notes": (*report.notes, self._network_note)})
         return report
+
+
+def template_exit_message(stderr: str) -> str:
+    """Why the template died, from its stderr; a missing module gets its likely cause named."""
+    msg = f"sandbox template exited: {stderr.strip() or 'no message'}"
+    missing = re.search(r"No module named '([^']+)'", stderr)
+    if missing:
+        msg += (
+            f"\n{sys.executable} cannot import {missing.group(1)!r} in the sandbox, which starts it with "
+            "a clean environment (python -s; PYTHONPATH is only sage-rl's own folder). Install "
+            "sage-rl's dependencies into that interpreter's site-packages (bash scripts/setup.sh, or "
+            "pip install -e .), not through PYTHONPATH, pip --target or user site-packages"
+        )
+    return msg
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

@@ -63,6 +63,12 @@ class TrainerConfig(Section):
     shared_prefix_min_tokens: int = Field(
         16, ge=1, description="share a prefix only when it is at least this many tokens"
     )
+    skip_zero_advantage: bool = Field(
+        True,
+        description="do not run samples whose advantage is 0 when kl_coef is 0: their gradient is "
+        "exactly 0 (they still count in the loss normalisation); a step where none is left makes "
+        "no update",
+    )
     seed: int = 0
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from sage_rl.eval.metrics import EvalMetrics
 from sage_rl.eval.runner import run_eval
-from sage_rl.rollout.batch import rollout_batch, to_samples
+from sage_rl.rollout.batch import rollout_step, to_samples
 from sage_rl.rollout.chain import ChainRunner
 from sage_rl.train.checkpoint import save_checkpoint
 from sage_rl.train.config import LoopConfig, TrainEvalConfig
@@ -69,19 +69,24 @@ async def train(
         if cfg.sampled_token_budget is not None and sampled >= cfg.sampled_token_budget:
             break  # a resumed run that had already spent its budget
         t0 = time.perf_counter()
-        groups = await rollout_batch(runner, step_rng(seed, step), cfg.rollout, step=step)
+        draws = await rollout_step(runner, step_rng(seed, step), cfg.rollout, step=step)
+        groups = draws.trained or draws.drawn  # none with a signal: a step without an update
         samples = to_samples(groups, cfg.rollout)
         t1 = time.perf_counter()
         stats = trainer.step(samples, num_chains=sum(len(g) for g in groups))
         t2 = time.perf_counter()
         rollout_s, train_s = rollout_s + t1 - t0, train_s + t2 - t1
-        _write_rollouts(out / "rollouts" / f"step_{step + 1:06d}.jsonl", groups)
-        step_tokens = sum(t.num_generated_tokens for chains in groups for c in chains for t in c.trajectories)
+        _write_rollouts(out / "rollouts" / f"step_{step + 1:06d}.jsonl", draws.drawn)
+        step_tokens = sum(
+            t.num_generated_tokens for chains in draws.drawn for c in chains for t in c.trajectories
+        )
         sampled += step_tokens
         last = step + 1 == cfg.steps or (
             cfg.sampled_token_budget is not None and sampled >= cfg.sampled_token_budget
         )
-        row = {**batch_metrics(samples), **stats, "time/rollout_s": t1 - t0, "time/train_s": t2 - t1}
+        row = {**batch_metrics(to_samples(draws.drawn, cfg.rollout)), **stats}
+        row |= {"groups_drawn": len(draws.drawn), "groups_trained": len(draws.trained)}
+        row |= {"time/rollout_s": t1 - t0, "time/train_s": t2 - t1}
         row |= {"sampled_tokens": step_tokens, "sampled_tokens_total": sampled}
         if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and not last:
             row.update(_eval_row(await _evaluate(runner, cfg.eval, step + 1, progress)))

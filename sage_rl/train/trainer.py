@@ -74,6 +74,7 @@ class StepStats:
     tis_capped: int = 0
     ratio_min: float = field(default=float("inf"))
     ratio_max: float = field(default=float("-inf"))
+    samples_run: int = 0  # samples that went through the model (not skipped for a zero gradient)
 
     def add(self, m: MicroStep, b: TokenBatch) -> None:
         out, old_logp_BT, entropy_BT = m.loss, m.old_logp_BT, m.entropy_BT
@@ -157,18 +158,24 @@ class Trainer:
         return None
 
     def step(self, samples: Sequence[Sample], num_chains: int) -> dict[str, float]:
-        """One optimizer step on ``samples`` (the tasks of ``num_chains`` chains); returns metrics."""
+        """One optimizer step on ``samples`` (the tasks of ``num_chains`` chains); returns metrics.
+
+        When no sample carries a gradient (every advantage 0, no KL term), no update is made:
+        the weights and the optimizer's moments stay as they are (``updated`` = 0)."""
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         stats = self.accumulate_gradients(samples, num_chains)
-        grad_norm = optimizer_step(self.optimizer, self.cfg.grad_clip)
+        updated = stats.forward_tokens > 0
+        grad_norm = optimizer_step(self.optimizer, self.cfg.grad_clip) if updated else 0.0
         self.global_step += 1
         elapsed = time.perf_counter() - t0
         return {
             **stats.as_metrics(),
             "grad_norm": grad_norm,
             "lr": self.cfg.lr,
+            "updated": float(updated),
             "samples": float(len(samples)),
+            "samples_run": float(stats.samples_run),
             "chains": float(num_chains),
             "train_time_s": elapsed,
             "train_tokens_per_s": stats.seq_tokens / elapsed if elapsed > 0 else 0.0,
@@ -179,6 +186,8 @@ class Trainer:
 
         Each micro-batch's loss is normalised by the whole batch (``num_chains``, or its total
         generated tokens for ``token_mean``), so the accumulated gradient is the full-batch one.
+        Samples whose gradient is exactly 0 (advantage 0 and no KL term: ``skip_zero_advantage``)
+        are not run; they still count in that normalisation, so the gradient is unchanged.
         """
         if not samples:
             raise ValueError("Trainer.step: no samples")
@@ -186,8 +195,12 @@ class Trainer:
             raise ValueError(f"Trainer.step: num_chains must be >= 1, got {num_chains}")
         prepared = [PreparedSample.of(s) for s in samples]
         total_tokens = sum(sum(p.mask) for p in prepared)
+        if self.cfg.skip_zero_advantage and self.cfg.kl_coef == 0:
+            prepared = [p for p in prepared if p.advantage != 0.0]
+        stats = StepStats(samples_run=len(prepared))
+        if not prepared:
+            return stats
         self.model.train()
-        stats = StepStats()
         groups = micro_batches(prepared, self.cfg.micro_batch_size, by_prompt=self.share_prefix)
         root = self._step_prefix(prepared) if len(groups) > 1 else None
         for group in groups:

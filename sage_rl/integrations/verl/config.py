@@ -146,6 +146,11 @@ def derived_verl_keys(cfg: VerlRunConfig) -> dict[str, Any]:
         raise ConfigError(
             "model: set the HF model folder (or hub id) to train, e.g. model=/models/Qwen2.5-7B"
         )
+    if r.dynamic_sampling:
+        raise ConfigError(
+            "rollout.dynamic_sampling: the local trainer's (sage-rl train); on verl a step trains "
+            "the batch it drew. Set rollout.dynamic_sampling=false"
+        )
     data = Path(cfg.data_dir)
     ctx = a.context_limit
     return {

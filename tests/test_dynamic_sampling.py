@@ -1,0 +1,148 @@
+"""DAPO-style dynamic sampling (``rollout.dynamic_sampling``) and the trainer's skipping of
+samples whose gradient is exactly 0 (``trainer.skip_zero_advantage``)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import random
+
+import pytest
+import torch
+from fakes import FakeEnv
+from test_trainer import batch, make_sample, small_model
+
+from sage_rl.agent.prompts import PromptBuilder
+from sage_rl.policies.base import Completion, SamplingParams
+from sage_rl.rollout.batch import RolloutConfig, has_signal, rollout_step, to_samples
+from sage_rl.rollout.chain import ChainRunner, SkillsConfig
+from sage_rl.rollout.episode import AgentConfig
+from sage_rl.skills.retrieval import RetrievalConfig, make_retriever
+from sage_rl.train.trainer import Trainer, TrainerConfig
+from sage_rl.types import Task
+
+torch.set_num_threads(1)
+
+
+class ScriptedSuite:
+    """Hands out task sequences in a fixed order: ``flat`` ones (every chain gets the same reward)
+    and ``split`` ones (the chains of a group alternate between success and failure)."""
+
+    name, prompt_dir = "scripted", None
+
+    def __init__(self, kinds):
+        self.kinds, self.drawn = itertools.cycle(kinds), []
+
+    def worked_example(self):
+        return None
+
+    def split(self, split):
+        return ()
+
+    def sample_chain(self, rng, length, split="train"):
+        kind = f"{next(self.kinds)}{len(self.drawn)}"
+        self.drawn.append(kind)
+        return tuple(Task(f"{kind}_{k}", kind, k, f"{kind} task {k}", split) for k in range(1, length + 1))
+
+    async def open(self):
+        return FakeEnv()
+
+    async def close(self):
+        pass
+
+
+class AlternatingPolicy:
+    """Completes every ``flat`` task; on ``split`` tasks, completes every other call."""
+
+    renderer, name = None, "alternating"
+
+    def __init__(self):
+        self.calls = 0
+
+    async def generate(self, request):
+        self.calls += 1
+        text = request.messages[-1]["content"]
+        done = "flat" in text or self.calls % 2 == 0
+        return Completion(
+            "```python\ncomplete()\n```" if done else "```python\nx = 1\n```", completion_tokens=5
+        )
+
+
+def _draw(kinds, **cfg):
+    suite = ScriptedSuite(kinds)
+    runner = ChainRunner(
+        AlternatingPolicy(),
+        suite,
+        PromptBuilder(),
+        AgentConfig(max_steps=1),
+        SkillsConfig(use_skills=False),
+        SamplingParams(),
+        make_retriever(RetrievalConfig()),
+    )
+    rollout = RolloutConfig(chain_length=1, group_size=2, concurrency=1, **cfg)
+    return asyncio.run(rollout_step(runner, random.Random(0), rollout)), suite, rollout
+
+
+def test_without_dynamic_sampling_one_draw_is_trained_whatever_it_holds():
+    draws, suite, _ = _draw(["flat"], groups_per_step=2)
+    assert suite.drawn == ["flat0", "flat1"]
+    assert draws.trained == draws.drawn and len(draws.drawn) == 2
+
+
+def test_dynamic_sampling_draws_until_b_groups_have_a_signal():
+    # draw 1: flat, split -> 1 with a signal; draw 2: flat, split -> 2: stop
+    draws, suite, cfg = _draw(["flat", "split"], groups_per_step=2, dynamic_sampling=True, max_draws=5)
+    assert suite.drawn == ["flat0", "split1", "flat2", "split3"]
+    assert [g[0].task_ids for g in draws.trained] == [("split1_1",), ("split3_1",)]
+    assert all(has_signal(g, cfg) for g in draws.trained)
+    assert not any(has_signal(g, cfg) for g in draws.drawn if g not in draws.trained)
+    # group numbers run on across draws: every chain of the step has its own (group, chain) id
+    ids = [(c.group_index, c.chain_index) for g in draws.drawn for c in g]
+    assert len(set(ids)) == len(ids) == 8
+    # the failed chain of a split group: R = 0 against the completed one's 1 -> A = -0.5, +0.5
+    assert sorted(s.advantage for s in to_samples(draws.trained, cfg)) == [-0.5, -0.5, 0.5, 0.5]
+
+
+def test_dynamic_sampling_stops_at_max_draws_with_nothing_to_train():
+    draws, suite, _ = _draw(["flat"], groups_per_step=1, dynamic_sampling=True, max_draws=3)
+    assert suite.drawn == ["flat0", "flat1", "flat2"]
+    assert draws.trained == [] and len(draws.drawn) == 3
+
+
+def _grads(tr: Trainer) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in tr.model.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("agg", ["seq_mean_token_mean", "token_mean"])
+def test_skipping_zero_advantage_samples_leaves_the_gradient_unchanged(agg):
+    samples = batch() + [
+        make_sample([1, 5, 6], [([9, 9, 9, 9, 9], [])], 0.0),
+        make_sample([1, 2], [([33, 34], [35]), ([36], [])], 0.0),
+    ]
+    model, grads = small_model(), {}
+    for skip in (False, True):
+        tr = Trainer(copy.deepcopy(model), None, TrainerConfig(loss_agg=agg, skip_zero_advantage=skip))
+        stats = tr.accumulate_gradients(samples, num_chains=7)
+        assert stats.samples_run == (5 if skip else 7)
+        grads[skip] = _grads(tr)
+    # the zero-advantage samples still count in the normalisation (7 chains; all tokens)
+    assert torch.allclose(grads[False], grads[True], atol=1e-7)
+
+
+def test_a_step_without_signal_makes_no_update():
+    tr = Trainer(small_model(), None, TrainerConfig(lr=1e-2))
+    tr.step(batch(), num_chains=5)  # Adam moments are now nonzero
+    before = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+    state = copy.deepcopy(tr.optimizer.state_dict()["state"])
+    zero = [make_sample([1, 5], [([7, 8], [])], 0.0), make_sample([1, 6], [([9], [])], 0.0)]
+    stats = tr.step(zero, num_chains=2)
+    assert stats["updated"] == 0.0 and stats["samples_run"] == 0.0 and stats["grad_norm"] == 0.0
+    assert all(torch.equal(p, before[n]) for n, p in tr.model.named_parameters())
+    after = tr.optimizer.state_dict()["state"]
+    assert all(torch.equal(after[i]["exp_avg"], state[i]["exp_avg"]) for i in state)
+    assert tr.global_step == 2
+    # with a KL term a zero advantage still has a gradient: the sample is run
+    kl = Trainer(small_model(), None, TrainerConfig(lr=1e-2, kl_coef=0.1))
+    kl.step(batch(), num_chains=5)
+    assert kl.step(zero, num_chains=2)["samples_run"] == 2.0
