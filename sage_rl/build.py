@@ -193,7 +193,7 @@ def open_training(cfg: TrainConfig, resume: bool) -> Training:
     set_threads(cfg.policy)
     source = cfg.init_from if cfg.init_from and Path(cfg.init_from).is_dir() else cfg.policy.model
     model, tokenizer = load_model(source, device=cfg.policy.device)
-    trainer = Trainer(model, tokenizer, cfg.trainer)
+    trainer = Trainer(model, tokenizer, cfg.trainer, temperature=cfg.sampling.temperature)
     logger, start = open_run(
         trainer,
         Path(cfg.out_dir),

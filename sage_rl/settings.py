@@ -187,6 +187,11 @@ class TrainConfig(RunConfig, LoopConfig):
                 f"rollout.group_size={self.rollout.group_size}: GRPO compares the chains of a group, so "
                 "training needs at least 2"
             )
+        if self.sampling.temperature == 0:
+            raise ValueError(
+                "sampling.temperature=0: RL trains the distribution the rollouts are sampled from, "
+                "softmax(logits / temperature), and greedy decoding is not one; set it > 0 (e.g. 1.0)"
+            )
         return self
 
 

@@ -80,6 +80,7 @@ def test_extends_merges_parent_first(tmp_path):
         ("trainer.lr=0", r"trainer\.lr: .*greater than 0"),
         ("sampling.temperature=.nan", r"sampling\.temperature: Input should be a finite number"),
         ("sampling.top_p=0", r"sampling\.top_p: .*greater than 0"),
+        ("sampling.temperature=0", r"sampling\.temperature=0: RL trains the distribution"),
         ("agent.max_steps=0", r"agent\.max_steps: .*greater than or equal to 1"),
         (
             "rollout.split=trian",

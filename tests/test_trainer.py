@@ -141,6 +141,29 @@ def test_logprob_mismatch_against_the_sampler():
     assert off["logprob_mismatch"] == pytest.approx(0.5, abs=1e-5)
 
 
+@pytest.mark.parametrize("chunked", [True, False])
+def test_the_trained_policy_is_the_one_that_sampled_at_its_temperature(chunked):
+    """Rollouts sampled at temperature 0.5 came from softmax(logits / 0.5): a trainer told so
+    computes exactly the sampler's logprobs (and that distribution's entropy); one at 1 does not."""
+    model, ids, temp = small_model(), [1, 5, 6, 7, 8], 0.5
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
+    tempered = torch.log_softmax(logits / temp, -1)
+    sampler = [tempered[t - 1, ids[t]].item() for t in (3, 4)]
+    entropy = [-(tempered[t - 1].exp() * tempered[t - 1]).sum().item() for t in (3, 4)]
+    s = make_sample(ids[:3], [(ids[3:], [])], 1.0)
+    turn = replace(s.trajectory.turns[0], gen_logprobs=tuple(sampler))
+    sample = Sample(s.group, replace(s.trajectory, turns=(turn,)), 0.0, 1.0)
+    cfg = TrainerConfig(chunked_head=chunked)
+    at_t = Trainer(copy.deepcopy(model), None, cfg, temperature=temp).step([sample], 1)
+    assert at_t["logprob_mismatch"] == pytest.approx(0.0, abs=1e-5)
+    assert at_t["entropy"] == pytest.approx(sum(entropy) / 2, abs=1e-5)
+    at_1 = Trainer(copy.deepcopy(model), None, cfg).step([sample], 1)
+    assert at_1["logprob_mismatch"] > 0.01
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        Trainer(small_model(), None, cfg, temperature=0.0)
+
+
 def test_recompute_mode_gives_the_same_gradient():
     base = small_model()
     grads = []

@@ -16,13 +16,16 @@ from sage_rl.train.prefix import KV, as_cache
 
 
 def token_logprobs(
-    logits_BTV: torch.Tensor, target_BT: torch.Tensor, with_entropy: bool
+    logits_BTV: torch.Tensor, target_BT: torch.Tensor, with_entropy: bool, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(target_t | prefix) from logits whose last column is dropped (it predicts past the end),
-    and the entropy of each predictive distribution (detached) when asked."""
+    and the entropy of each predictive distribution (detached) when asked. The policy is
+    softmax(logits / temperature): the distribution the rollouts were sampled from."""
     if logits_BTV.shape[1] != target_BT.shape[1] + 1:
         raise ValueError(f"logits cover {logits_BTV.shape[1]} positions, expected {target_BT.shape[1] + 1}")
     logits_BTV = logits_BTV[:, :-1].float()
+    if temperature != 1.0:
+        logits_BTV = logits_BTV / temperature
     lse_BT = torch.logsumexp(logits_BTV, dim=-1)
     logp_BT = logits_BTV.gather(-1, target_BT.unsqueeze(-1)).squeeze(-1) - lse_BT
     entropy_BT = _entropy(logits_BTV.detach(), lse_BT.detach()) if with_entropy else None
@@ -73,10 +76,11 @@ class ChunkedHead:
         return cls(get_decoder(), head) if torch.allclose(split, whole, atol=1e-5, rtol=1e-4) else None
 
     def logprobs(
-        self, b: TokenBatch, with_entropy: bool, past: KV | None = None
+        self, b: TokenBatch, with_entropy: bool, past: KV | None = None, temperature: float = 1.0
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logp_BT, entropy_BT) over the trained window; zero off the mask (masked out later).
-        ``past``: the keys/values of ``b.prefix_ids`` (train/prefix.py), when the batch has one."""
+        ``past``: the keys/values of ``b.prefix_ids`` (train/prefix.py), when the batch has one;
+        ``temperature``: as in ``token_logprobs``."""
         T = b.ids_BT.shape[1]
         hidden = self.decoder(
             input_ids=b.ids_BT,
@@ -89,11 +93,11 @@ class ChunkedHead:
         h_ND, target_N = window[sel], b.target_BT[sel]
         n, c = len(target_N), self.chunk
         if n * self.head.out_features <= self.max_saved_logits:
-            tiles = [self._tile(h_ND, target_N)] if n else []
+            tiles = [self._tile(h_ND, target_N, temperature)] if n else []
         else:  # recompute each tile's logits in backward instead of keeping them
             tiles = [
                 torch.utils.checkpoint.checkpoint(
-                    self._tile, h_ND[i : i + c], target_N[i : i + c], use_reentrant=False
+                    self._tile, h_ND[i : i + c], target_N[i : i + c], temperature, use_reentrant=False
                 )
                 for i in range(0, n, c)
             ]
@@ -109,8 +113,12 @@ class ChunkedHead:
             )
         return logp_BT, entropy_BT
 
-    def _tile(self, h_ND: torch.Tensor, target_N: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _tile(
+        self, h_ND: torch.Tensor, target_N: torch.Tensor, temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logits_NV = self.head(h_ND).float()
+        if temperature != 1.0:
+            logits_NV = logits_NV / temperature
         lse_N = torch.logsumexp(logits_NV, dim=-1)
         logp_N = logits_NV.gather(-1, target_N.unsqueeze(-1)).squeeze(-1) - lse_N
         with torch.no_grad():

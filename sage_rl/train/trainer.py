@@ -127,14 +127,26 @@ class Trainer:
 
     Construction seeds torch's global RNG with ``cfg.seed`` (so a run is reproducible), wraps the
     model with LoRA adapters when configured, and moves it to ``device`` (default: CUDA if present).
+    ``temperature`` is the rollouts' sampling temperature: the policy trained (its logprobs, the
+    ratio, the entropy and the KL) is softmax(logits / temperature), the one that sampled.
     The model is left in eval mode between steps, ready for sampling.
     """
 
     def __init__(
-        self, model: Any, tokenizer: Any, cfg: TrainerConfig, device: str | torch.device | None = None
+        self,
+        model: Any,
+        tokenizer: Any,
+        cfg: TrainerConfig,
+        device: str | torch.device | None = None,
+        temperature: float = 1.0,
     ):
+        if not temperature > 0:
+            raise ValueError(
+                f"Trainer: temperature must be > 0 (the rollouts' sampling temperature), got {temperature}"
+            )
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
+        self.temperature = float(temperature)  # the policy trained is softmax(logits / temperature)
         self.tokenizer = tokenizer
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = with_lora(model, cfg.lora).to(self.device)
@@ -280,7 +292,7 @@ class Trainer:
         dtype = self.autocast_dtype
         with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             if self.head is not None and model is self.model:
-                return self.head.logprobs(b, with_entropy, past)
+                return self.head.logprobs(b, with_entropy, past, self.temperature)
             # Logits only from the first trained position on: prompt logits are never used.
             logits_BTV = model(
                 input_ids=b.ids_BT,
@@ -289,7 +301,7 @@ class Trainer:
                 past_key_values=as_cache(past, b.ids_BT.shape[0]),
                 use_cache=past is not None,
             ).logits
-        return token_logprobs(logits_BTV, b.target_BT, with_entropy)
+        return token_logprobs(logits_BTV, b.target_BT, with_entropy, self.temperature)
 
     @torch.no_grad()
     def _ref_logprobs(self, b: TokenBatch) -> torch.Tensor:
