@@ -146,3 +146,52 @@ def test_a_step_without_signal_makes_no_update():
     kl = Trainer(small_model(), None, TrainerConfig(lr=1e-2, kl_coef=0.1))
     kl.step(batch(), num_chains=5)
     assert kl.step(zero, num_chains=2)["samples_run"] == 2.0
+
+
+def test_a_training_step_with_no_signal_draws_again_then_leaves_the_weights(tiny, tmp_path):
+    """Through the real loop and sandboxed PocketWorld: every answer is a scored failure, so no
+    group has a signal; the step draws ``max_draws`` times, counts every drawn token, logs and
+    writes every drawn group, and leaves the weights as they were."""
+    import json
+
+    from test_sandbox_hostile_run import SMALL, ForcedPolicy
+
+    from sage_rl.build import build_runner, open_suite
+    from sage_rl.settings import TrainConfig
+    from sage_rl.train.checkpoint import open_run
+    from sage_rl.train.logging import read_metrics
+    from sage_rl.train.loop import train
+
+    model, tok = copy.deepcopy(tiny[0]), tiny[1]
+    cfg = TrainConfig(
+        **SMALL,
+        steps=1,
+        out_dir=str(tmp_path / "run"),
+        rollout={
+            "chain_length": 1,
+            "group_size": 2,
+            "groups_per_step": 1,
+            "dynamic_sampling": True,
+            "max_draws": 2,
+        },
+        eval={"before_after": False},
+        tensorboard=False,
+    )
+    trainer = Trainer(model, tok, cfg.trainer, temperature=cfg.sampling.temperature)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    logger, start = open_run(trainer, cfg.out_dir, resume=False, tensorboard=False)
+
+    async def run():
+        async with open_suite(cfg) as suite:
+            runner = build_runner(cfg, ForcedPolicy(trainer.model, tok), suite)
+            return await train(runner, trainer, logger, cfg, cfg.seed, start)
+
+    result = asyncio.run(run())
+    logger.close()
+    (row,) = read_metrics(cfg.out_dir)
+    assert (row["groups_drawn"], row["groups_trained"], row["updated"]) == (2, 0, 0.0)
+    chains = [json.loads(x) for x in (tmp_path / "run" / "rollouts" / "step_000001.jsonl").open()]
+    assert len(chains) == 4 and {c["group_index"] for c in chains} == {0, 1}
+    drawn = sum(len(t["gen_ids"]) for c in chains for tr in c["trajectories"] for t in tr["turns"])
+    assert row["sampled_tokens"] == result.sampled_tokens == drawn > 0
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
