@@ -62,7 +62,7 @@ async def train(
     if cfg.eval.before_after and start == 0:
         before = await _evaluate(runner, cfg.eval, 0, progress)
         logger.log(0, _eval_row(before))
-    job = progress.add_task("SAGE steps", total=cfg.steps, completed=start) if progress else None
+    job = progress.add_task("RL steps", total=cfg.steps, completed=start) if progress else None
     rollout_s = train_s = 0.0
     sampled, done = _sampled_so_far(out, start), start
     for step in range(start, cfg.steps):
