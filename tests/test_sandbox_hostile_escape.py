@@ -99,7 +99,9 @@ def test_reading_private_files_outside_allowed_folders(sandbox, world, tmp_path)
     secret.chmod(0o644)
     tmp_path.chmod(0o755)
     r, f = hostile(sandbox, world, f"print(open({str(secret)!r}).read())")
-    assert "PermissionError" in r.observation and "42" not in r.observation and kept(f)
+    # the error quotes the path, and pytest's numbered temp folder may be pytest-42
+    assert "PermissionError" in r.observation and "42" not in r.observation.replace(str(secret), "")
+    assert kept(f)
     assert_trainer_unharmed(sandbox, world, PID)
 
 
