@@ -154,13 +154,10 @@ def test_a_training_step_with_no_signal_draws_again_then_leaves_the_weights(tiny
     writes every drawn group, and leaves the weights as they were."""
     import json
 
-    from test_sandbox_hostile_run import SMALL, ForcedPolicy
+    from test_sandbox_hostile_run import SMALL, train_forced
 
-    from sage_rl.build import build_runner, open_suite
     from sage_rl.settings import TrainConfig
-    from sage_rl.train.checkpoint import open_run
     from sage_rl.train.logging import read_metrics
-    from sage_rl.train.loop import train
 
     model, tok = copy.deepcopy(tiny[0]), tiny[1]
     cfg = TrainConfig(
@@ -179,15 +176,7 @@ def test_a_training_step_with_no_signal_draws_again_then_leaves_the_weights(tiny
     )
     trainer = Trainer(model, tok, cfg.trainer, temperature=cfg.sampling.temperature)
     before = [p.detach().clone() for p in trainer.model.parameters()]
-    logger, start = open_run(trainer, cfg.out_dir, resume=False, tensorboard=False)
-
-    async def run():
-        async with open_suite(cfg) as suite:
-            runner = build_runner(cfg, ForcedPolicy(trainer.model, tok), suite)
-            return await train(runner, trainer, logger, cfg, cfg.seed, start)
-
-    result = asyncio.run(run())
-    logger.close()
+    result = train_forced(cfg, trainer, tok)
     (row,) = read_metrics(cfg.out_dir)
     assert (row["groups_drawn"], row["groups_trained"], row["updated"]) == (2, 0, 0.0)
     chains = [json.loads(x) for x in (tmp_path / "run" / "rollouts" / "step_000001.jsonl").open()]

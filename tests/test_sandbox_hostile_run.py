@@ -101,10 +101,26 @@ class ForcedPolicy:
         )
 
 
-def test_a_short_training_run_with_hostile_answers_completes(tiny, tmp_path):
+def train_forced(cfg: TrainConfig, trainer, tok):
+    """The real training loop of ``cfg`` in a new run folder, sampling with ``ForcedPolicy``."""
     from sage_rl.train.checkpoint import open_run
-    from sage_rl.train.logging import read_metrics
     from sage_rl.train.loop import train
+
+    logger, start = open_run(trainer, cfg.out_dir, resume=False, tensorboard=False)
+
+    async def run():
+        async with open_suite(cfg) as suite:
+            runner = build_runner(cfg, ForcedPolicy(trainer.model, tok), suite)
+            return await train(runner, trainer, logger, cfg, cfg.seed, start)
+
+    try:
+        return asyncio.run(run())
+    finally:
+        logger.close()
+
+
+def test_a_short_training_run_with_hostile_answers_completes(tiny, tmp_path):
+    from sage_rl.train.logging import read_metrics
     from sage_rl.train.trainer import Trainer
 
     torch.set_num_threads(1)
@@ -118,15 +134,7 @@ def test_a_short_training_run_with_hostile_answers_completes(tiny, tmp_path):
         tensorboard=False,
     )
     trainer = Trainer(model, tok, cfg.trainer)
-    logger, start = open_run(trainer, cfg.out_dir, resume=False, tensorboard=False)
-
-    async def run():
-        async with open_suite(cfg) as suite:
-            runner = build_runner(cfg, ForcedPolicy(trainer.model, tok), suite)
-            return await train(runner, trainer, logger, cfg, cfg.seed, start)
-
-    result = asyncio.run(run())
-    logger.close()
+    result = train_forced(cfg, trainer, tok)
     rows = read_metrics(cfg.out_dir)
     assert result.steps_done == 2 and [r["step"] for r in rows] == [1, 2]
     assert all(r["success"] == 0.0 and math.isfinite(r["loss"]) for r in rows)
