@@ -176,7 +176,11 @@ class TrainConfig(RunConfig, LoopConfig):
     @model_validator(mode="after")
     def _not_on_test_data(self) -> TrainConfig:
         if self.env == "appworld":
-            self.appworld.check_training_split(self.rollout.split)
+            self.appworld.check_training_split(self.rollout.split, "rollout.split")
+            # The periodic evaluation picks the run's checkpoints: tuning on test data, too.
+            self.appworld.check_training_split(
+                self.eval.split, "eval.split", "choosing checkpoints by its evaluations"
+            )
         _not_heldout("rollout.split", self.rollout.split)
         return self
 

@@ -241,6 +241,23 @@ def test_training_on_a_test_split_is_refused_unless_the_risk_is_accepted() -> No
         AppWorldEnvConfig(allow_test_contamination=True).check_training_split(split)
 
 
+def test_choosing_checkpoints_on_a_test_split_is_refused_as_training_on_it_is() -> None:
+    """``sage-rl train ... eval.split=test_normal``: the periodic evaluation picks checkpoints,
+    so it is tuning on test data; refused at load, in one line naming the field."""
+    from sage_rl.config import ConfigError, load_config
+    from sage_rl.settings import TrainConfig
+
+    for split in ("test_normal", "test_challenge"):
+        with pytest.raises(ConfigError, match=rf"eval\.split={split} is one of AppWorld's test splits") as e:
+            load_config(TrainConfig, None, ["env=appworld", "policy.kind=openai", f"eval.split={split}"])
+        line = next(x for x in str(e.value).splitlines() if f"eval.split={split} is" in x)
+        assert "choosing checkpoints" in line and "appworld.allow_test_contamination=true" in line
+        flag = "appworld.allow_test_contamination=true"
+        cfg = load_config(TrainConfig, None, ["env=appworld", "policy.kind=openai", f"eval.split={split}", flag])
+        assert cfg.eval.split == split
+    assert load_config(TrainConfig, None, ["env=appworld", "policy.kind=openai", "eval.split=dev"])
+
+
 def test_the_scripted_policy_is_refused_on_appworld_in_one_sentence() -> None:
     with pytest.raises(SetupError, match="there is no AppWorld expert") as e:
         check_policy("scripted")

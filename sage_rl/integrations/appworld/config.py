@@ -83,13 +83,14 @@ class AppWorldEnvConfig(Section):
             root=Path(self.root).resolve() if self.root else base.root,
         )
 
-    def check_training_split(self, split: str) -> None:
-        """Raise ``ValueError`` (one sentence) when training or collecting on ``split`` would
-        contaminate AppWorld's test numbers and ``allow_test_contamination`` is not set."""
+    def check_training_split(self, split: str, key: str = "split", use: str = "training on it") -> None:
+        """Raise ``ValueError`` (one sentence naming ``key``) when ``split`` is a test split and
+        ``allow_test_contamination`` is not set: training or collecting on it, or choosing
+        checkpoints by it (``use``), would contaminate AppWorld's test numbers."""
         if split in TEST_SPLITS and not self.allow_test_contamination:
             raise ValueError(
-                f"split={split} is one of AppWorld's test splits, which its authors keep for final "
-                "numbers: training on it contaminates them. Train on train or dev, or set "
+                f"{key}={split} is one of AppWorld's test splits, which its authors keep for final "
+                f"numbers: {use} contaminates them. Use train or dev, or set "
                 "appworld.allow_test_contamination=true to do it anyway."
             )
 
