@@ -181,12 +181,19 @@ class Training:
     start: int
     model_source: str | None
 
+    def sync(self) -> None:
+        """Tell the policy that the trainer changed the weights in place (the training loop calls
+        it after every optimizer step; ``Policy.weights_changed``)."""
+        self.policy.weights_changed()
+
 
 def open_training(cfg: TrainConfig, resume: bool) -> Training:
     """Load the model (``init_from`` when that checkpoint exists, else ``policy.model``), wrap it
     in a ``Trainer``, open the run folder (resuming from its last checkpoint when asked) and build
     the policy over the trained model. Raises ``FileExistsError`` for a used run folder without
-    ``resume``. The caller closes ``logger``."""
+    ``resume``. The caller closes ``logger``. The policy is built after the checkpoint (or
+    ``init_from``) is loaded, so it starts from those weights; every later in-place change goes
+    through ``Training.sync``."""
     from sage_rl.models import load_model
     from sage_rl.train.checkpoint import open_run
 

@@ -138,6 +138,9 @@ class OpeningRecorder:
         self.renderer = inner.renderer
         self.openings: dict[str, tuple[dict[str, str], ...]] = {}
 
+    def weights_changed(self) -> None:
+        self.inner.weights_changed()
+
     async def generate(self, request: PolicyRequest) -> Completion:
         if not request.task_id:
             raise ValueError(

@@ -130,9 +130,11 @@ def test_a_lora_model_samples_from_its_adapters(tiny):
     adapted = asyncio.run(policy.generate(greedy))
     check(adapted)
     with lora.disable_adapter():  # no parameter changes, but the model computes something else
+        policy.weights_changed()  # whoever switches the adapters says so
         base = asyncio.run(policy.generate(greedy))
         check(base)
     assert base.token_ids != adapted.token_ids  # so the checks above are sensitive to the adapters
+    policy.weights_changed()
     check(asyncio.run(policy.generate(greedy)))  # enabled again
 
 
@@ -299,6 +301,7 @@ def test_new_weights_drop_every_cache(tiny):
         asyncio.run(policy.generate(PolicyRequest((), tuple(prompt), params)))
         with torch.no_grad():
             model.model.norm.weight.mul_(-1.0)  # an in-place "optimizer step"
+        policy.weights_changed()  # ... announced, as the training loop's sync does
         out = asyncio.run(policy.generate(PolicyRequest((), tuple(prompt), params)))
         assert policy.stats.reused_tokens == 0 and len(policy.engine.store) == 1
         with torch.inference_mode():

@@ -157,6 +157,7 @@ def test_samples_from_the_current_weights_and_restores_train_mode(tiny, prompts)
     assert model.training  # restored after sampling in eval mode
     with torch.no_grad():  # a "training step" on the same object
         model.model.norm.weight.mul_(-1.0)  # negates every logit: argmax becomes argmin
+    policy.weights_changed()
     after = asyncio.run(policy.generate(_req(prompts[0], GREEDY)))
     assert after.token_ids[0] != before.token_ids[0]
 

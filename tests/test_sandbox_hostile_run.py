@@ -111,7 +111,8 @@ def train_forced(cfg: TrainConfig, trainer, tok):
     async def run():
         async with open_suite(cfg) as suite:
             runner = build_runner(cfg, ForcedPolicy(trainer.model, tok), suite)
-            return await train(runner, trainer, logger, cfg, cfg.seed, start)
+            # ForcedPolicy reads the model at every call: it holds nothing to sync
+            return await train(runner, trainer, logger, cfg, cfg.seed, start, sync=lambda: None)
 
     try:
         return asyncio.run(run())

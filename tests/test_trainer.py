@@ -164,22 +164,6 @@ def test_the_trained_policy_is_the_one_that_sampled_at_its_temperature(chunked):
         Trainer(small_model(), None, cfg, temperature=0.0)
 
 
-@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
-def test_the_sampling_engine_sees_every_optimizer_step(dtype):
-    """The engine re-reads weights (and drops its prefix caches) when the parameters' version
-    counters move; the fused AdamW step alone does not move them."""
-    from sage_rl.engine.decoder import NativeRunner
-
-    tr = Trainer(small_model(), None, TrainerConfig(lr=1e-2))
-    runner = NativeRunner(tr.model, dtype)
-    assert not runner.refresh()
-    for _ in range(2):
-        tr.step(batch(), num_chains=5)
-        assert runner.refresh()
-    head = tr.model.get_output_embeddings().weight
-    assert torch.equal(runner.lm_head, head.detach().to(runner.dtype))
-
-
 def test_recompute_mode_gives_the_same_gradient():
     base = small_model()
     grads = []

@@ -77,7 +77,7 @@ async def _train(cfg: TrainConfig, run: Training) -> TrainResult:
     async with open_suite(cfg) as suite:
         runner = build_runner(cfg, run.policy, suite)
         with progress() as bar:
-            return await train(runner, run.trainer, run.logger, cfg, cfg.seed, run.start, bar)
+            return await train(runner, run.trainer, run.logger, cfg, cfg.seed, run.start, bar, sync=run.sync)
 
 
 def _summary(r: TrainResult, wall: float) -> dict:

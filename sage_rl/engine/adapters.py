@@ -54,10 +54,3 @@ def effective_linear(m: Any) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
         weight = weight + m.get_delta_weight(a).detach().to(weight.dtype)
     return weight, (base.bias.detach() if base.bias is not None else None), bool(active)
 
-
-def adapter_state(model: Any) -> tuple:
-    """What decides the effective weights besides the parameters' values: which adapters are
-    active, merged or disabled (``disable_adapter()`` changes no parameter)."""
-    return tuple(
-        (m.merged, m.disable_adapters, tuple(m.active_adapters)) for m in model.modules() if is_lora_linear(m)
-    )

@@ -4,8 +4,9 @@ plain transformers one for every other causal LM.
 Both runners have the same three operations: ``prefill(cache, ids)`` feeds one sequence's new
 tokens (chunked) and ``decode(caches, ids)`` feeds one token to each of several sequences; both
 append to the caches and return the float32 logits of the last fed position(s). ``refresh()``
-re-reads the model's weights when they have changed since the last call (a trainer updates the
-model object in place) and says so, so that the caller drops the caches computed with the old ones.
+re-reads the model's weights; the engine calls it when it is told they changed
+(``Engine.weights_changed``: a trainer updates the model object in place), and drops the caches
+computed with the old ones. Nothing here detects a change by itself.
 
 :class:`NativeRunner` (plain Llama, Mistral, Qwen2 and Qwen3 models, without sliding windows or
 adapters) batches every linear layer over the rows of a decode step, and computes each row's
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from sage_rl.engine.adapters import adapter_state, effective_linear, projection_problem, unwrap
+from sage_rl.engine.adapters import effective_linear, projection_problem, unwrap
 from sage_rl.engine.kv import KVCache
 
 NATIVE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -62,12 +63,6 @@ def native_unsupported(model: Any) -> str | None:
             if problem:
                 return problem
     return None
-
-
-def _signature(model: Any) -> tuple:
-    # In-place updates (optimizer steps, load_state_dict) bump a tensor's version counter;
-    # replaced parameters change the data pointer.
-    return tuple((p.data_ptr(), p._version) for p in model.parameters()), adapter_state(model)
 
 
 @dataclasses.dataclass
@@ -119,16 +114,12 @@ class NativeRunner:
         # one batch and attended by a few batched kernels instead of three per row (2x at 64
         # rows on an H200: docs/LOG.md, 2026-11-26).
         self.padded_decode = self.device.type != "cpu"
-        self._signature: tuple = ()
         self.refresh()
 
     # ---------------------------------------------------------------- weights
-    def refresh(self) -> bool:
-        """Re-read the weights if the model changed since the last call; True if it had."""
-        signature = _signature(self.model)
-        if signature == self._signature:
-            return False
-        self._signature = signature
+    def refresh(self) -> None:
+        """Re-read the weights: views of the parameters in the model's dtype, else converted
+        copies (LoRA adapters folded in). Called when the weights changed (``Engine``)."""
         inner, dt = self.hf.model, self.dtype
         copy = dt != inner.embed_tokens.weight.dtype or self.hf is not self.model  # LoRA: folded copies
         self.embed = inner.embed_tokens.weight.detach().to(dt)
@@ -137,7 +128,6 @@ class NativeRunner:
         same = head.data_ptr() == inner.embed_tokens.weight.data_ptr()
         self.lm_head = self.embed if same else head.detach().to(dt)
         self.layers = [self._layer(layer, dt, fuse=copy) for layer in inner.layers]
-        return True
 
     @staticmethod
     def _layer(layer: Any, dt: torch.dtype, fuse: bool) -> _Layer:
@@ -289,13 +279,9 @@ class HFRunner:
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
         self.cache_shape = _probe_cache_shape(model)
-        self._signature: tuple = ()
-        self.refresh()
 
-    def refresh(self) -> bool:
-        signature = _signature(self.model)
-        changed, self._signature = signature != self._signature, signature
-        return changed
+    def refresh(self) -> None:
+        """Nothing to re-read: the model's own forward reads its parameters."""
 
     def new_cache(self) -> KVCache:
         return KVCache(self.cache_shape, self.dtype, self.device)

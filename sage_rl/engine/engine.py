@@ -72,6 +72,14 @@ class Engine:
         self.rows: list[Row] = []
         self.generation = 0
         self.stats = EngineStats()
+        self._stale = False  # set by weights_changed (any thread), acted on at the next admission
+
+    def weights_changed(self) -> None:
+        """The model's weights (or its adapters' state) changed: before its next admission the
+        engine re-reads them and drops every cache. Cheap; safe to call from another thread than
+        the sampling one. The engine does not detect changes itself: whoever changes the weights
+        says so (the training loop's ``sync``, after every optimizer step)."""
+        self._stale = True
 
     def reset(self) -> None:
         """Drop every row and cache (after a failure: their state is unknown)."""
@@ -81,7 +89,9 @@ class Engine:
 
     def admit(self, requests: Sequence[Any]) -> None:
         """Prefill ``requests``, draw their first tokens and add them to the batch."""
-        if self.runner.refresh():  # new weights: every cache is stale
+        if self._stale:  # new weights: every cache is stale
+            self._stale = False  # first, so that a change announced meanwhile is not lost
+            self.runner.refresh()
             self.store.clear()
             self.generation += 1
         for request in requests:

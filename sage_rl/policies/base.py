@@ -1,6 +1,7 @@
 """The Policy protocol: tokens (or messages) in, tokens, logprobs and text out.
 
-Rollout code talks only to this protocol and never imports a backend (STYLE.md, principle 9). Its
+Rollout code talks only to this protocol and never imports a backend (STYLE.md, principle 9).
+Weights that change announce themselves: whoever updates them calls ``weights_changed()``. Its
 request and completion types live with the other core types (``sage_rl.types``) and are
 re-exported here.
 """
@@ -26,3 +27,11 @@ class Policy(Protocol):
     renderer: ChatRenderer | None
 
     async def generate(self, request: PolicyRequest) -> Completion: ...
+
+    def weights_changed(self) -> None:
+        """The weights this policy samples from changed in place (an optimizer step, a loaded
+        state dict, adapters switched): later samples must come from the new ones. A policy
+        caching anything computed from its weights (KV caches, converted copies) drops it here;
+        a policy without local weights (a server, a script) does nothing. Policies never detect a
+        change themselves: the caller that changed the weights calls this (docs/architecture.md)."""
+        ...

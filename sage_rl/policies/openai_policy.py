@@ -89,6 +89,9 @@ class OpenAIPolicy:
         self._session: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient, asyncio.Semaphore] | None = None
 
     # ---------------------------------------------------------------- public
+    def weights_changed(self) -> None:
+        """Nothing to do: the server owns its weights (``Policy``)."""
+
     async def generate(self, request: PolicyRequest) -> Completion:
         """One turn: a chat completion of ``request.messages`` (or, in completions mode, a
         completion of ``request.prompt_ids``)."""

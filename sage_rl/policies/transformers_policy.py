@@ -12,9 +12,12 @@ the G chains of a group prefill their common opening once. The keys of a prefix 
 tokens and the weights, so reuse is exact (up to float rounding: a prefix computed token by token
 and one computed in a single pass round differently); every cache is dropped when the weights change.
 
-The model object is used as it is, never copied: a trainer may update it between calls, so
-samples always come from the current weights (on-policy). They are re-read at each admission
-(a ``dtype`` other than the model's keeps a converted copy, refreshed then). ``torch.inference_mode``
+The model object is used as it is, never copied: a trainer may update it between calls, and then
+calls :meth:`weights_changed` (the training loop's ``sync``, after every optimizer step), so that
+samples come from the current weights (on-policy). At the next admission the engine re-reads them
+(a ``dtype`` other than the model's keeps a converted copy, refreshed then) and drops its caches.
+Nothing watches the parameters: a caller that changes them and does not say so samples from stale
+caches. ``torch.inference_mode``
 wraps only sampling, and the model's train/eval mode is restored when the thread goes idle.
 
 Precision: ``dtype`` is the compute dtype of sampling (None = the model's own, e.g. float32;
@@ -133,6 +136,11 @@ class TransformersPolicy:
     @property
     def stats(self) -> EngineStats:
         return self.engine.stats
+
+    def weights_changed(self) -> None:
+        """The model was updated in place (``Policy``): the engine re-reads its weights and drops
+        its caches before its next admission (``Engine.weights_changed``)."""
+        self.engine.weights_changed()
 
     async def generate(self, request: PolicyRequest) -> Completion:
         """Sample one turn for ``request.prompt_ids`` (or, if None, its rendered ``messages``)."""

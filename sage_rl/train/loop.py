@@ -7,8 +7,9 @@
         -> metrics, checkpoint, periodic evaluation              (eval/runner.py)
 
 The loop receives built objects (``sage_rl.build`` makes them): a chain runner whose policy
-samples with the very model object the trainer updates (so rollouts are on-policy), the trainer
-and the metrics logger. Task sampling uses a per-step seeded RNG, so ``--resume`` continues the
+samples with the very model object the trainer updates, the trainer, the metrics logger, and
+``sync``: the call that tells the policy its weights changed, made after every optimizer step (so
+rollouts are on-policy; nothing else notices an in-place update). Task sampling uses a per-step seeded RNG, so ``--resume`` continues the
 same task stream.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +55,13 @@ async def train(
     seed: int,
     start: int,
     progress: Any = None,
+    *,
+    sync: Callable[[], None],
 ) -> TrainResult:
     """Run steps ``start .. cfg.steps-1``, or fewer: the run stops after the step at which its
     sampled rollout tokens reach ``cfg.sampled_token_budget`` (how runs are compared at equal
-    sampled tokens). ``runner.policy`` samples from ``trainer.model``."""
+    sampled tokens). ``runner.policy`` samples from ``trainer.model``; ``sync()`` is called after
+    every step that updated the weights (``Training.sync``: the policy's ``weights_changed``)."""
     out = Path(cfg.out_dir)
     before = None
     if cfg.eval.before_after and start == 0:
@@ -74,6 +79,8 @@ async def train(
         samples = to_samples(groups, cfg.rollout)
         t1 = time.perf_counter()
         stats = trainer.step(samples, num_chains=sum(len(g) for g in groups))
+        if stats["updated"]:
+            sync()  # the policy samples the next rollouts (and evaluations) from the new weights
         t2 = time.perf_counter()
         rollout_s, train_s = rollout_s + t1 - t0, train_s + t2 - t1
         _write_rollouts(out / "rollouts" / f"step_{step + 1:06d}.jsonl", draws.drawn)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.autograd.graph import increment_version
 
 
 def build_optimizer(
@@ -27,11 +26,6 @@ def optimizer_step(optimizer: torch.optim.Optimizer, grad_clip: float, lr: float
     if lr is not None:
         for group in optimizer.param_groups:
             group["lr"] = lr
-    optimizer.step()
-    # The fused kernel updates the parameters in place without bumping their version counters
-    # (torch 2.13), and the sampling engine notices new weights by those counters
-    # (engine/decoder.py): without this it kept its prompt-prefix caches, and any converted copy
-    # of the weights (another dtype; LoRA folded in), from before the step.
-    increment_version([p for p in params if p.grad is not None])
+    optimizer.step()  # whoever samples from these weights is told by the caller (the loop's sync)
     optimizer.zero_grad(set_to_none=True)
     return grad_norm

@@ -50,6 +50,9 @@ class ScriptedExpert:
         self.name = f"scripted-expert(seed={seed})"
         self._count = token_counter  # optional callable text -> tokens, for honest token metrics
 
+    def weights_changed(self) -> None:
+        """Nothing to do: a script has no weights (``Policy``)."""
+
     async def generate(self, request: PolicyRequest) -> Completion:
         try:
             task = task_by_id(request.task_id)

@@ -61,6 +61,10 @@ class VerlServerPolicy:
             out["seed"] = params.seed
         return out
 
+    def weights_changed(self) -> None:
+        """Nothing to do: verl syncs its own weights into its rollout servers after each actor
+        update (docs/verl.md); the server's ``global_steps`` say which weights answered."""
+
     async def generate(self, request: PolicyRequest) -> Completion:
         """One turn. Raises (the episode records POLICY_ERROR) when the server returns nothing or
         no logprob per token: training needs both."""
