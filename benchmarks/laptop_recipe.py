@@ -39,7 +39,7 @@ from typing import Any
 from sage_rl.cli import collect as collect_cmd
 from sage_rl.cli import sft as sft_cmd
 from sage_rl.config import load_config
-from sage_rl.eval.ci import paired_difference
+from sage_rl.eval.ci import paired_outcomes
 from sage_rl.recipe.pipeline import (
     Layout,
     collect_config,
@@ -196,17 +196,14 @@ def table(done: dict[str, Any], cfg: TrainConfig, out: Path) -> dict[str, Any]:
         "times_s": done["times"],
         "machine": {"cpus": os.cpu_count(), "load_at_end": list(os.getloadavg()), "python": platform.python_version()},
         "run_dir": str(out),
-        "protocol": "greedy, scenario-ordered; TGC/SGC intervals: 95% percentile bootstrap over tasks/scenarios "
-        "(2,000 resamples, seed 0); paired differences resample the same tasks",
+        "protocol": "greedy, scenario-ordered; TGC/SGC intervals: 95% percentile bootstrap over scenarios "
+        "(2,000 resamples, seed 0; TGC resamples whole scenarios); paired differences resample the same scenarios",
     }  # fmt: skip
     return row
 
 
 def _paired(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, tuple[float, float]]:
-    sa = {t: 100.0 * ok for t, _, ok in a["outcomes"]}
-    sb = {t: 100.0 * ok for t, _, ok in b["outcomes"]}
-    common = [t for t in sa if t in sb]
-    return paired_difference([sa[t] for t in common], [sb[t] for t in common])
+    return paired_outcomes(a["outcomes"], b["outcomes"]) or (0.0, (0.0, 0.0))
 
 
 def plot(done: dict[str, Any], out: Path, path: Path) -> None:

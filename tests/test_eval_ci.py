@@ -5,9 +5,11 @@ import pytest
 
 from sage_rl.eval.ci import (
     bootstrap_ci,
+    cluster_resample_means,
     draw_indices,
     format_ci,
     paired_difference,
+    paired_outcomes,
     percentile_interval,
     resample_means,
 )
@@ -57,6 +59,38 @@ def test_paired_difference():
         paired_difference([1], [1, 2])
 
 
+def test_cluster_resample_means_by_hand():
+    # scenarios a (2 tasks: 100, 0), b (1 task: 100), c (3 tasks: 0, 0, 0); clusters in first-seen order
+    values = [100, 0, 100, 0, 0, 0]
+    clusters = ["a", "a", "b", "c", "c", "c"]
+    sets = np.array([[0, 0, 0], [1, 1, 2], [0, 1, 2], [2, 2, 2]])
+    # [a a a]: 300 / 6 = 50; [b b c]: 200 / 5 = 40; [a b c]: 200 / 6; [c c c]: 0 / 9
+    assert cluster_resample_means(values, clusters, sets).tolist() == pytest.approx([50.0, 40.0, 100 / 3, 0.0])
+
+
+def test_cluster_bootstrap_is_wider_than_the_task_bootstrap_for_correlated_tasks():
+    # 20 scenarios of 3 tasks each, all-or-nothing within a scenario: 60 tasks but 20 independent units
+    values = [100.0 if s % 2 else 0.0 for s in range(20) for _ in range(3)]
+    clusters = [s for s in range(20) for _ in range(3)]
+    lo_t, hi_t = bootstrap_ci(values)
+    lo_c, hi_c = bootstrap_ci(values, clusters=clusters)
+    assert (hi_c - lo_c) > 1.4 * (hi_t - lo_t)  # ~sqrt(3) wider: the design effect of 3 identical tasks
+    # clusters of one unit each: the task bootstrap exactly (same draws)
+    assert bootstrap_ci(values, clusters=list(range(60))) == (lo_t, hi_t)
+    with pytest.raises(ValueError, match="cluster"):
+        bootstrap_ci(values, clusters=clusters[:-1])
+
+
+def test_paired_outcomes_resample_scenarios():
+    a = [("s1_1", "s1", 0), ("s1_2", "s1", 0), ("s2_1", "s2", 1), ("s3_1", "s3", 1)]
+    b = [("s1_1", "s1", 1), ("s1_2", "s1", 1), ("s2_1", "s2", 1), ("x_1", "x", 1)]
+    diff, (lo, hi) = paired_outcomes(a, b)  # common tasks s1_1, s1_2, s2_1: +100, +100, 0
+    assert diff == pytest.approx(200 / 3)
+    assert (lo, hi) == paired_difference([0, 0, 100], [100, 100, 100], clusters=["s1", "s1", "s2"])[1]
+    assert lo == 0.0 and hi == 100.0  # a resample of only s2 differs by 0, of only s1 by 100
+    assert paired_outcomes(a, [("y_1", "y", 1)]) is None
+
+
 def _t(scn: str, pos: int, ok: bool) -> Trajectory:
     task = Task(f"{scn}_{pos}", scn, pos, "x", "dev")
     return Trajectory(task, (), (), Outcome.from_checks((CheckResult("a", ok),)), StopReason.COMPLETED)
@@ -66,7 +100,9 @@ def test_metrics_carry_the_intervals_and_reports_show_them():
     chains = [Chain(i, 0, tuple(_t(f"s{i}", p, i < 2 or p == 1) for p in (1, 2, 3))) for i in range(4)]
     m = compute_metrics(chains)  # tasks: 6 + 2 of 12 pass; scenarios: 2 of 4
     assert m.tgc == pytest.approx(100 * 8 / 12) and m.sgc == 50.0
-    assert m.tgc_ci == bootstrap_ci([100.0] * 3 + [100.0] * 3 + [100.0, 0, 0] * 2)
+    task_pct = [100.0] * 3 + [100.0] * 3 + [100.0, 0, 0] * 2
+    assert m.tgc_ci == bootstrap_ci(task_pct, clusters=[f"s{i}" for i in range(4) for _ in range(3)])
+    assert m.tgc_ci != bootstrap_ci(task_pct)  # scenarios are resampled, not tasks
     assert m.sgc_ci == bootstrap_ci([100.0, 100.0, 0.0, 0.0])
     assert m.tgc_ci[0] < m.tgc < m.tgc_ci[1]
     rows = dict(headline_rows(m))

@@ -7,11 +7,14 @@ interpolation between order statistics, numpy's default ``quantile`` method). Th
 for TGC (each task's success) and scenarios for SGC (each scenario's all-tasks success), as the
 metrics define them (SAGE.md section 8).
 
-Tasks of one scenario are not independent (task 2 uses the skill task 1 made), so an interval over
-tasks is somewhat narrower than one that resamples whole scenarios would be; SGC's is over
-scenarios by construction. ``paired_difference`` gives the interval of the difference between two
-evaluations of the *same* tasks (resampling the same units for both), the right statistic to say
-whether one model beats another on a split.
+Tasks of one scenario are not independent (task 2 uses the skill task 1 made, and a template's
+tasks share their difficulty), so an interval that resamples tasks is too narrow. Given the
+tasks' scenarios (``clusters``), TGC's interval is a **cluster bootstrap**: each resample draws
+whole scenarios with replacement and takes the mean over all the tasks drawn (sum of the drawn
+scenarios' task values over the number of tasks drawn; issue 27). SGC's units are scenarios by
+construction. ``paired_difference`` gives the interval of the difference between two evaluations
+of the *same* tasks (each resample draws the same scenarios, or tasks, for both), the right
+statistic to say whether one model beats another on a split.
 
 The random draws come from ``numpy.random.default_rng(seed)``: the same inputs give the same
 interval on every run and machine.
@@ -19,7 +22,8 @@ interval on every run and machine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -49,16 +53,45 @@ def draw_indices(n: int, resamples: int = RESAMPLES, seed: int = SEED) -> np.nda
     return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
 
 
+def cluster_resample_means(
+    values: Sequence[float], clusters: Sequence[Hashable], index_sets: np.ndarray
+) -> np.ndarray:
+    """For each row of ``index_sets`` (indices into the distinct clusters, in order of first
+    appearance), the mean of ``values`` over every unit of the clusters drawn: the drawn clusters'
+    sums over the drawn clusters' sizes (a cluster drawn twice counts twice)."""
+    order = list(dict.fromkeys(clusters))
+    pos = {c: i for i, c in enumerate(order)}
+    sums, sizes = np.zeros(len(order)), np.zeros(len(order))
+    for v, c in zip(values, clusters, strict=True):
+        sums[pos[c]] += float(v)
+        sizes[pos[c]] += 1
+    idx = np.asarray(index_sets)
+    return sums[idx].sum(axis=1) / sizes[idx].sum(axis=1)
+
+
+def _means(values: Sequence[float], clusters: Sequence[Hashable] | None, resamples: int, seed: int) -> np.ndarray:
+    """Bootstrap means of ``values``: over units, or over whole clusters when ``clusters`` is given."""
+    if clusters is None:
+        return resample_means(values, draw_indices(len(values), resamples, seed))
+    if len(clusters) != len(values):
+        raise ValueError(f"{len(values)} values but {len(clusters)} cluster labels")
+    n = len(set(clusters))
+    return cluster_resample_means(values, clusters, draw_indices(n, resamples, seed))
+
+
 def bootstrap_ci(
-    values: Sequence[float], resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED
+    values: Sequence[float],
+    resamples: int = RESAMPLES,
+    level: float = LEVEL,
+    seed: int = SEED,
+    clusters: Sequence[Hashable] | None = None,
 ) -> tuple[float, float]:
-    """Percentile-bootstrap interval of the mean of ``values`` (e.g. 100 * success per task).
+    """Percentile-bootstrap interval of the mean of ``values`` (e.g. 100 * success per task),
+    resampling whole ``clusters`` (e.g. each task's scenario id) when given, else single values.
     No values: ``(0.0, 0.0)``, like the metrics' own empty convention."""
     if len(values) == 0:
         return (0.0, 0.0)
-    return percentile_interval(
-        list(resample_means(values, draw_indices(len(values), resamples, seed))), level
-    )
+    return percentile_interval(list(_means(values, clusters, resamples, seed)), level)
 
 
 def paired_difference(
@@ -67,16 +100,33 @@ def paired_difference(
     resamples: int = RESAMPLES,
     level: float = LEVEL,
     seed: int = SEED,
+    clusters: Sequence[Hashable] | None = None,
 ) -> tuple[float, tuple[float, float]]:
     """``mean(after) - mean(before)`` over the same units (same order) and its percentile-bootstrap
-    interval, each bootstrap sample drawing the same units for both."""
+    interval, each bootstrap sample drawing the same units (or whole ``clusters``) for both."""
     if len(before) != len(after):
         raise ValueError(f"paired values differ in length: {len(before)} and {len(after)}")
     if len(before) == 0:
         return 0.0, (0.0, 0.0)
     diff = np.asarray(after, dtype=float) - np.asarray(before, dtype=float)
-    idx = draw_indices(len(diff), resamples, seed)
-    return float(diff.mean()), percentile_interval(list(resample_means(diff, idx)), level)
+    return float(diff.mean()), percentile_interval(list(_means(list(diff), clusters, resamples, seed)), level)
+
+
+def paired_outcomes(
+    a: Sequence[Sequence[Any]], b: Sequence[Sequence[Any]]
+) -> tuple[float, tuple[float, float]] | None:
+    """Paired TGC difference (b - a, in points) over the tasks both evaluated, resampling scenarios.
+
+    ``a`` and ``b`` are outcome rows ``(task_id, scenario_id, success)`` (a recipe stage's
+    ``outcomes``); None when they share no task."""
+    sa = {row[0]: (row[1], 100.0 * row[2]) for row in a}
+    sb = {row[0]: 100.0 * row[2] for row in b}
+    common = [t for t in sa if t in sb]
+    if not common:
+        return None
+    return paired_difference(
+        [sa[t][1] for t in common], [sb[t] for t in common], clusters=[sa[t][0] for t in common]
+    )
 
 
 def format_ci(value: float, ci: tuple[float, float], fmt: str = "{:.1f}") -> str:

@@ -99,7 +99,7 @@ def compute_metrics(chains: Sequence[Chain]) -> EvalMetrics:
             trajs, lambda t: t.task.difficulty, lambda ts: _pct(sum(t.outcome.success for t in ts), len(ts))
         ),
         stop_reasons=dict(sorted(stops.items())),
-        tgc_ci=bootstrap_ci(task_pct),
+        tgc_ci=bootstrap_ci(task_pct, clusters=[t.task.scenario_id for t in trajs]),
         sgc_ci=bootstrap_ci(scenario_pct),
     )
 

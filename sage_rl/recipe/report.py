@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sage_rl.eval.ci import format_ci, paired_difference
+from sage_rl.eval.ci import format_ci, paired_outcomes
 
 #: (stage key in the state, column label) of the evaluations, in order.
 EVALS = (("eval_base", "base"), ("eval_sft", "SFT"), ("eval_sage", "SAGE"))
@@ -42,13 +42,8 @@ def cell(m: Mapping[str, Any], key: str | None, fmt: str | None) -> str:
 
 def paired_tgc(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[float, tuple[float, float]] | None:
     """TGC of ``b`` minus TGC of ``a`` over the tasks both evaluated, with its paired bootstrap
-    interval; None when they share no task."""
-    sa = {row[0]: 100.0 * row[2] for row in a["outcomes"]}
-    sb = {row[0]: 100.0 * row[2] for row in b["outcomes"]}
-    common = [t for t in sa if t in sb]
-    if not common:
-        return None
-    return paired_difference([sa[t] for t in common], [sb[t] for t in common])
+    interval (scenarios resampled); None when they share no task."""
+    return paired_outcomes(a["outcomes"], b["outcomes"])
 
 
 def comparison(state: Mapping[str, Any], split: str) -> list[str]:
