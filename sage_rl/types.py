@@ -76,7 +76,9 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class Outcome:
-    """The evaluation of one finished task: r = fraction of checks passed (SAGE.md section 4)."""
+    """The evaluation of one finished task: ``score`` is r in [0, 1] (SAGE.md section 4), the
+    fraction of checks passed (``from_checks``; PocketWorld counts its collateral check only once
+    the task's own checks pass, ``checks.gated_outcome``); ``success``: every check passed."""
 
     score: float
     success: bool

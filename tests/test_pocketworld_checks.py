@@ -33,18 +33,26 @@ def test_diff_reports_added_removed_changed_rows():
     ]
 
 
-def test_evaluate_scores_fraction_and_flags_collateral():
+def test_evaluate_scores_task_checks_and_counts_collateral_only_once_they_pass():
     before = {"a": {"t": {1: {"v": 1}, 2: {"v": 2}}}}
     expect = Expect(answer=5, requires=(Require("row 1 is 9", lambda f: f["a"]["t"][1]["v"] == 9),),
                     allow=(Allow("a", "t", lambda r: r["v"] == 9),))  # fmt: skip
     good = {"a": {"t": {1: {"v": 9}, 2: {"v": 2}}}}
-    assert evaluate(expect, before, good, "5").success
+    o = evaluate(expect, before, good, "5")
+    assert (o.score, o.success) == (1.0, True)
     collateral = {"a": {"t": {1: {"v": 9}, 2: {"v": 3}}}}
     o = evaluate(expect, before, collateral, 5)
     assert (o.score, o.success) == (2 / 3, False)
     assert "a.t[2] changed" in o.checks[-1].detail
-    o = evaluate(expect, before, before, None)  # no-op: requirement and answer fail, nothing collateral
-    assert [c.passed for c in o.checks] == [False, False, True] and o.score == 1 / 3
+    # half the task done, nothing collateral: the untouched rows earn nothing until the task is done
+    o = evaluate(expect, before, good, 4)
+    assert [c.passed for c in o.checks] == [True, False, True] and (o.score, o.success) == (1 / 3, False)
+    # no-op: requirement and answer fail, nothing collateral; it scored 1/3 when every check counted
+    o = evaluate(expect, before, before, None)
+    assert [c.passed for c in o.checks] == [False, False, True] and (o.score, o.success) == (0.0, False)
+    answer_only = Expect(answer=5)
+    assert evaluate(answer_only, before, before, None).score == 0.0  # was 0.5
+    assert evaluate(answer_only, before, collateral, 5).score == 0.5  # right answer, a stray change
 
 
 def test_requirement_that_crashes_on_a_broken_state_fails_instead_of_raising():

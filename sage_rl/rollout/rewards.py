@@ -2,7 +2,8 @@
 
 SAGE.md section 4. Inputs per chain of K tasks (position k counted from 0):
 
-- ``scores[k]``: r^k in [0, 1], the fraction of task k's checks that passed;
+- ``scores[k]``: r^k in [0, 1], task k's ``Outcome.score`` (the fraction of its checks that passed;
+  PocketWorld counts "no collateral changes" only once the task's own checks pass, docs/algorithm.md);
 - ``successes[k]``: 1[r^k = 1] (taken from ``Outcome.success``, never from a float comparison);
 - ``produced_code[k]``: whether trajectory k produced any code;
 - ``used_from[k]``: the positions j < k whose skills task k used (``Chain.used_from``).

@@ -2,7 +2,10 @@
 
 A template's oracle returns an ``Expect`` computed from the *initial* state and the task's
 parameters - independently of the reference solution, which only ever uses the public APIs.
-``evaluate`` turns it into ``CheckResult``s; score = fraction passed (``Outcome.from_checks``).
+``evaluate`` turns it into ``CheckResult``s and scores them with ``gated_outcome``: the task's own
+checks (requirements, answer) count as they pass; "no collateral changes" counts only once all of
+them pass. A no-op passes the collateral check and nothing else, so it scores 0, not 0.5
+(issue 30; docs/pocketworld.md, "Scoring", compares this with AppWorld's fraction of all tests).
 """
 
 from __future__ import annotations
@@ -152,5 +155,18 @@ def evaluate(expect: Expect, initial: Db, final: Db, answer: Any) -> Outcome:
         )
     bad = [c for c in diff(initial, final) if not any(a.permits(c) for a in expect.allow)]
     detail = "; ".join(str(c) for c in bad[:5]) + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else "")
-    checks.append(CheckResult("no collateral changes", not bad, detail))
-    return Outcome.from_checks(tuple(checks))
+    return gated_outcome(tuple(checks), CheckResult("no collateral changes", not bad, detail))
+
+
+def gated_outcome(task_checks: tuple[CheckResult, ...], guard: CheckResult) -> Outcome:
+    """Score = (task checks passed + 1[all of them and ``guard`` passed]) / (task checks + 1).
+
+    ``guard`` is a check that an untouched world passes ("no collateral changes"). Counted like
+    the others (AppWorld's fraction of all tests), it paid a no-op 1/(n+1): 0.5 on a one-check
+    task, a reward RL climbs towards by doing nothing. Gated, it adds only to work that already
+    did everything the task asked, so a no-op scores what it achieves (0), breaking something
+    still costs the last 1/(n+1), and success (every check passed) is unchanged."""
+    checks = (*task_checks, guard)
+    done = all(c.passed for c in task_checks)
+    passed = sum(c.passed for c in task_checks) + (done and guard.passed)
+    return Outcome(score=passed / len(checks), success=done and guard.passed, checks=checks)
