@@ -29,6 +29,7 @@ from sage_rl.settings import CollectConfig, PolicyConfig, RunConfig, TrainConfig
 from sage_rl.skills.retrieval import make_retriever
 from sage_rl.train.logging import MetricsLogger
 from sage_rl.train.trainer import Trainer
+from sage_rl.types import SamplingParams
 
 __all__ = [
     "BuildError",
@@ -38,6 +39,7 @@ __all__ = [
     "build_runner",
     "open_suite",
     "open_training",
+    "sampling_params",
     "worked_example",
 ]
 
@@ -72,21 +74,22 @@ def _suite(cfg: RunConfig, stack: contextlib.AsyncExitStack) -> Suite:
         return AppWorldSuite(cfg.appworld)
     from sage_rl.envs.pocketworld.env import PocketWorldSuite
 
+    scope = cfg.pocketworld.templates
     if not cfg.pocketworld.sandbox:
-        return PocketWorldSuite()  # in-process: for debugging only
+        return PocketWorldSuite(templates=scope)  # in-process: for debugging only
     from sage_rl.envs.pocketworld.sandboxed import SandboxExecutors
     from sage_rl.sandbox import Sandbox
 
     sandbox = stack.enter_context(Sandbox(cfg.sandbox))  # starts the template (once, ~1 s)
     assert sandbox.isolation is not None
     print(f"[sage-rl] {sandbox.isolation.line()}", file=sys.stderr)
-    return PocketWorldSuite(SandboxExecutors(sandbox))
+    return PocketWorldSuite(SandboxExecutors(sandbox), templates=scope)
 
 
 def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
-    """The policy for ``cfg.policy``. ``model``/``tokenizer`` reuse an already loaded (trained) model."""
+    """The policy for ``cfg.policy``. ``model``/``tokenizer`` reuse an already loaded (trained) model.
+    It samples with each request's params (``sampling_params``, through the runner)."""
     p = cfg.policy
-    params = cfg.sampling.params(cfg.agent.max_tokens_per_turn)
     if p.kind == "scripted":
         from sage_rl.envs.pocketworld.expert import ScriptedExpert
         from sage_rl.models import load_tokenizer
@@ -106,7 +109,6 @@ def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
             api_key=os.environ.get(p.api_key_env),
             max_concurrency=p.max_concurrency,
             timeout_s=p.timeout_s,
-            params=params,
         )
     from sage_rl.models import load_model
     from sage_rl.policies.transformers_policy import TransformersPolicy
@@ -117,7 +119,6 @@ def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
     return TransformersPolicy(
         model,
         tokenizer,
-        params=params,
         max_batch=p.max_batch,
         dtype=p.dtype,
         cache_bytes=int(p.cache_gib * 2**30),
@@ -151,6 +152,13 @@ def worked_example(suite: Suite) -> WorkedExample | None:
     return WorkedExample(instruction, tuple(steps))
 
 
+def sampling_params(cfg: RunConfig) -> SamplingParams:
+    """The rollouts' sampling parameters (``sampling`` with the agent's per-turn token cap), made
+    here only: the runner samples every turn with them, and a trainer trains the distribution they
+    sample from, softmax(logits / their temperature) (``open_training``)."""
+    return cfg.sampling.params(cfg.agent.max_tokens_per_turn)
+
+
 def build_runner(cfg: RunConfig, policy: Policy, suite: Suite) -> ChainRunner:
     """The chain runner shared by every chain of a run (training, evaluation, collection)."""
     prompts = PromptBuilder(
@@ -165,7 +173,7 @@ def build_runner(cfg: RunConfig, policy: Policy, suite: Suite) -> ChainRunner:
         prompts=prompts,
         agent=cfg.agent,
         skills=cfg.skills,
-        params=cfg.sampling.params(cfg.agent.max_tokens_per_turn),
+        params=sampling_params(cfg),
         retriever=make_retriever(cfg.skills.retrieval),
     )
 
@@ -200,7 +208,7 @@ def open_training(cfg: TrainConfig, resume: bool) -> Training:
     set_threads(cfg.policy)
     source = cfg.init_from if cfg.init_from and Path(cfg.init_from).is_dir() else cfg.policy.model
     model, tokenizer = load_model(source, device=cfg.policy.device)
-    trainer = Trainer(model, tokenizer, cfg.trainer, temperature=cfg.sampling.temperature)
+    trainer = Trainer(model, tokenizer, cfg.trainer, temperature=sampling_params(cfg).temperature)
     logger, start = open_run(
         trainer,
         Path(cfg.out_dir),

@@ -15,7 +15,7 @@ from test_trainer import batch, make_sample, small_model
 
 from sage_rl.agent.prompts import PromptBuilder
 from sage_rl.policies.base import Completion, SamplingParams
-from sage_rl.rollout.batch import RolloutConfig, has_signal, rollout_step, to_samples
+from sage_rl.rollout.batch import RolloutConfig, rollout_step
 from sage_rl.rollout.chain import ChainRunner, SkillsConfig
 from sage_rl.rollout.episode import AgentConfig
 from sage_rl.skills.retrieval import RetrievalConfig, make_retriever
@@ -85,29 +85,46 @@ def _draw(kinds, **cfg):
 
 
 def test_without_dynamic_sampling_one_draw_is_trained_whatever_it_holds():
-    draws, suite, _ = _draw(["flat"], groups_per_step=2)
+    batch, suite, _ = _draw(["flat"], groups_per_step=2)
     assert suite.drawn == ["flat0", "flat1"]
-    assert draws.trained == draws.drawn and len(draws.drawn) == 2
+    assert batch.trained == batch.drawn and len(batch.drawn) == 2
+    assert batch.samples == batch.drawn_samples and batch.num_chains == 4
 
 
 def test_dynamic_sampling_draws_until_b_groups_have_a_signal():
     # draw 1: flat, split -> 1 with a signal; draw 2: flat, split -> 2: stop
-    draws, suite, cfg = _draw(["flat", "split"], groups_per_step=2, dynamic_sampling=True, max_draws=5)
+    batch, suite, cfg = _draw(["flat", "split"], groups_per_step=2, dynamic_sampling=True, max_draws=5)
     assert suite.drawn == ["flat0", "split1", "flat2", "split3"]
-    assert [g[0].task_ids for g in draws.trained] == [("split1_1",), ("split3_1",)]
-    assert all(has_signal(g, cfg) for g in draws.trained)
-    assert not any(has_signal(g, cfg) for g in draws.drawn if g not in draws.trained)
+    assert [g.chains[0].task_ids for g in batch.trained] == [("split1_1",), ("split3_1",)]
+    assert all(g.has_signal for g in batch.trained)
+    assert not any(g.has_signal for g in batch.drawn if g not in batch.trained)
     # group numbers run on across draws: every chain of the step has its own (group, chain) id
-    ids = [(c.group_index, c.chain_index) for g in draws.drawn for c in g]
+    ids = [(c.group_index, c.chain_index) for c in batch.drawn_chains]
     assert len(set(ids)) == len(ids) == 8
-    # the failed chain of a split group: R = 0 against the completed one's 1 -> A = -0.5, +0.5
-    assert sorted(s.advantage for s in to_samples(draws.trained, cfg)) == [-0.5, -0.5, 0.5, 0.5]
+    # the failed chain of a split group: R = 0 against the completed one's 1 -> A = -0.5, +0.5;
+    # what is trained is the trained groups' samples, normalised by their chains
+    assert sorted(s.advantage for s in batch.samples) == [-0.5, -0.5, 0.5, 0.5]
+    assert batch.num_chains == 4 and len(batch.drawn_samples) == 8
 
 
 def test_dynamic_sampling_stops_at_max_draws_with_nothing_to_train():
-    draws, suite, _ = _draw(["flat"], groups_per_step=1, dynamic_sampling=True, max_draws=3)
+    batch, suite, _ = _draw(["flat"], groups_per_step=1, dynamic_sampling=True, max_draws=3)
     assert suite.drawn == ["flat0", "flat1", "flat2"]
-    assert draws.trained == [] and len(draws.drawn) == 3
+    assert batch.trained == () and len(batch.drawn) == 3
+    # no group has a signal: the step runs on what was drawn (and makes no update)
+    assert batch.samples == batch.drawn_samples and batch.num_chains == 6
+
+
+def test_rewards_and_advantages_are_computed_once_per_step(monkeypatch):
+    """The step's data is built once: one reward computation per drawn chain, however many
+    draws, groups and consumers (training, metrics, signal test) read it."""
+    from sage_rl.rollout import batch as batch_module
+
+    calls = []
+    real = batch_module.chain_rewards
+    monkeypatch.setattr(batch_module, "chain_rewards", lambda c, cfg: calls.append(c) or real(c, cfg))
+    batch, _, _ = _draw(["flat", "split"], groups_per_step=2, dynamic_sampling=True, max_draws=5)
+    assert len(calls) == len(batch.drawn_chains) == 8
 
 
 def _grads(tr: Trainer) -> torch.Tensor:

@@ -3,6 +3,11 @@
 Groups are built explicitly: group i is G chains of the *same* task sequence, each starting from
 the same library (STYLE.md, principle 2; SAGE.md section 3). The GRPO group of a sample is
 ``(task sequence, position)`` (SAGE.md section 5), a tuple key, never a parsed string.
+
+A training step's data is built once, here: ``rollout_step`` returns a ``StepBatch`` whose groups
+carry their samples (rewards and advantages computed once, when the group is drawn), the samples
+to train on and ``num_chains``, the loss normaliser, beside them. Nothing downstream recomputes
+them.
 """
 
 from __future__ import annotations
@@ -87,32 +92,71 @@ def to_samples(groups: Sequence[Sequence[Chain]], cfg: RolloutConfig) -> list[Sa
     ]
 
 
-def has_signal(chains: Sequence[Chain], cfg: RolloutConfig) -> bool:
-    """Whether the group's advantages are not all 0 (it has a gradient to give)."""
-    return any(s.advantage != 0.0 for s in to_samples([chains], cfg))
+@dataclass(frozen=True)
+class Group:
+    """One GRPO group: G chains of one task sequence from one start library, and their samples
+    (``to_samples`` of the group: rewards and advantages within it, computed once)."""
+
+    chains: tuple[Chain, ...]
+    samples: tuple[Sample, ...]
+
+    @classmethod
+    def of(cls, chains: Sequence[Chain], cfg: RolloutConfig) -> Group:
+        return cls(tuple(chains), tuple(to_samples([chains], cfg)))
+
+    @property
+    def has_signal(self) -> bool:
+        """Whether some advantage is not 0 (the group has a gradient to give)."""
+        return any(s.advantage != 0.0 for s in self.samples)
 
 
 @dataclass(frozen=True)
-class Draws:
-    """What one step sampled (``drawn``: every group, in draw order) and what it trains on."""
+class StepBatch:
+    """One training step's data, built once (``rollout_step``).
 
-    drawn: list[list[Chain]]
-    trained: list[list[Chain]]
+    ``drawn``: every group the step sampled, in draw order (written and counted as sampled);
+    ``trained``: the groups trained on. ``samples`` are the trained groups' samples, or, when no
+    group has a signal, the drawn ones (the step then runs and makes no update); ``num_chains``
+    is their chains' count, the loss normaliser of those samples (``Trainer.step``).
+    ``drawn_samples``: every drawn group's samples (the step's rollout metrics).
+    """
+
+    drawn: tuple[Group, ...]
+    trained: tuple[Group, ...]
+    samples: tuple[Sample, ...]
+    num_chains: int
+    drawn_samples: tuple[Sample, ...]
+
+    @classmethod
+    def of(cls, drawn: Sequence[Group], trained: Sequence[Group]) -> StepBatch:
+        used = trained or drawn
+        return cls(
+            drawn=tuple(drawn),
+            trained=tuple(trained),
+            samples=tuple(s for g in used for s in g.samples),
+            num_chains=sum(len(g.chains) for g in used),
+            drawn_samples=tuple(s for g in drawn for s in g.samples),
+        )
+
+    @property
+    def drawn_chains(self) -> list[Chain]:
+        return [c for g in self.drawn for c in g.chains]
 
 
-async def rollout_step(runner: ChainRunner, rng: random.Random, cfg: RolloutConfig, step: int = 0) -> Draws:
+async def rollout_step(runner: ChainRunner, rng: random.Random, cfg: RolloutConfig, step: int = 0) -> StepBatch:
     """One step's groups. Without dynamic sampling: one draw of B sequences, all trained. With
     it: draws of B sequences until B groups have a signal (or ``max_draws``); those are trained,
     all of them, so a lucky last draw may give more than B."""
-    drawn: list[list[Chain]] = []
-    trained: list[list[Chain]] = []
+    drawn: list[Group] = []
+    trained: list[Group] = []
     for _ in range(cfg.max_draws if cfg.dynamic_sampling else 1):
         batch = await rollout_batch(runner, rng, cfg, step=step, first_index=len(drawn))
-        drawn += batch
-        trained += [g for g in batch if not cfg.dynamic_sampling or has_signal(g, cfg)]
+        groups = [Group.of(chains, cfg) for chains in batch]
+        drawn += groups
+        trained += [g for g in groups if not cfg.dynamic_sampling or g.has_signal]
         if len(trained) >= cfg.groups_per_step:
             break
-    return Draws(drawn, trained)
+    return StepBatch.of(drawn, trained)
 
 
 async def rollout_batch(

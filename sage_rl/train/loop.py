@@ -2,9 +2,10 @@
 
     for each step:
         B task sequences x G chains of K tasks   (sequential rollout, rollout/batch.py)
-        -> skill-integrated rewards -> advantages per (sequence, position)
+        -> skill-integrated rewards -> advantages per (sequence, position), once: a StepBatch
         -> one optimizer step on exactly the sampled tokens      (train/trainer.py)
-        -> metrics, checkpoint, periodic evaluation              (eval/runner.py)
+        -> sync(): the policy re-reads the new weights
+        -> metrics, checkpoint, periodic greedy evaluation       (eval/runner.py)
 
 The loop receives built objects (``sage_rl.build`` makes them): a chain runner whose policy
 samples with the very model object the trainer updates, the trainer, the metrics logger, and
@@ -18,19 +19,19 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from sage_rl.eval.metrics import EvalMetrics
 from sage_rl.eval.runner import run_eval
-from sage_rl.rollout.batch import rollout_step, to_samples
+from sage_rl.rollout.batch import rollout_step
 from sage_rl.rollout.chain import ChainRunner
 from sage_rl.train.checkpoint import save_checkpoint
 from sage_rl.train.config import LoopConfig, TrainEvalConfig
 from sage_rl.train.logging import MetricsLogger, batch_metrics, read_metrics
 from sage_rl.train.trainer import Trainer
-from sage_rl.types import dumps
+from sage_rl.types import Chain, dumps
 
 
 @dataclasses.dataclass
@@ -74,25 +75,21 @@ async def train(
         if cfg.sampled_token_budget is not None and sampled >= cfg.sampled_token_budget:
             break  # a resumed run that had already spent its budget
         t0 = time.perf_counter()
-        draws = await rollout_step(runner, step_rng(seed, step), cfg.rollout, step=step)
-        groups = draws.trained or draws.drawn  # none with a signal: a step without an update
-        samples = to_samples(groups, cfg.rollout)
+        batch = await rollout_step(runner, step_rng(seed, step), cfg.rollout, step=step)
         t1 = time.perf_counter()
-        stats = trainer.step(samples, num_chains=sum(len(g) for g in groups))
+        stats = trainer.step(batch.samples, batch.num_chains)
         if stats["updated"]:
             sync()  # the policy samples the next rollouts (and evaluations) from the new weights
         t2 = time.perf_counter()
         rollout_s, train_s = rollout_s + t1 - t0, train_s + t2 - t1
-        _write_rollouts(out / "rollouts" / f"step_{step + 1:06d}.jsonl", draws.drawn)
-        step_tokens = sum(
-            t.num_generated_tokens for chains in draws.drawn for c in chains for t in c.trajectories
-        )
+        _write_rollouts(out / "rollouts" / f"step_{step + 1:06d}.jsonl", batch.drawn_chains)
+        step_tokens = sum(t.num_generated_tokens for c in batch.drawn_chains for t in c.trajectories)
         sampled += step_tokens
         last = step + 1 == cfg.steps or (
             cfg.sampled_token_budget is not None and sampled >= cfg.sampled_token_budget
         )
-        row = {**batch_metrics(to_samples(draws.drawn, cfg.rollout)), **stats}
-        row |= {"groups_drawn": len(draws.drawn), "groups_trained": len(draws.trained)}
+        row = {**batch_metrics(batch.drawn_samples), **stats}
+        row |= {"groups_drawn": len(batch.drawn), "groups_trained": len(batch.trained)}
         row |= {"time/rollout_s": t1 - t0, "time/train_s": t2 - t1}
         row |= {"sampled_tokens": step_tokens, "sampled_tokens_total": sampled}
         if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and not last:
@@ -118,8 +115,12 @@ def _sampled_so_far(out: Path, start: int) -> int:
 
 
 async def _evaluate(runner: ChainRunner, cfg: TrainEvalConfig, step: int, progress: Any) -> EvalMetrics:
+    """The periodic evaluation: greedy (temperature 0), as ``sage-rl eval`` and the recipe's
+    evaluations, whatever the rollouts' sampling temperature; logged as ``eval/*``, apart from the
+    sampled rollout metrics."""
+    greedy = dataclasses.replace(runner, params=dataclasses.replace(runner.params, temperature=0.0))
     protocol = cfg.protocol(runner.skills.retrieval.strategy)
-    result = await run_eval(runner, protocol, step, progress, label=f"eval {cfg.split} @ step {step}, ")
+    result = await run_eval(greedy, protocol, step, progress, label=f"eval {cfg.split} @ step {step}, ")
     return result.headline
 
 
@@ -135,9 +136,8 @@ def _eval_row(m: EvalMetrics) -> dict[str, float]:
     }
 
 
-def _write_rollouts(path: Path, groups) -> None:
+def _write_rollouts(path: Path, chains: Sequence[Chain]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
-        for chains in groups:
-            for c in chains:
-                f.write(dumps(c) + "\n")
+        for c in chains:
+            f.write(dumps(c) + "\n")
