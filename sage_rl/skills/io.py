@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sage_rl.skills.record import Skill, SkillError, check_field
+from sage_rl.skills.record import Skill, SkillError, SkillTextError, check_field, split_definition
 
 HEADER = "# sage-rl skill"
 _HEADER_KEYS = ("name", "version", "tier", "uses", "successes", "depends_on", "content_hash", "provenance")
@@ -127,19 +127,11 @@ def parse_skill_file(text: str, default_name: str) -> Skill:
     except SyntaxError as e:
         raise _FileError(body_start + (e.lineno or 1), f"does not parse: {e.msg}") from None
     name = header["name"][1] if "name" in header else default_name
-    imports, funcs = [], []
-    for node in tree.body:
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            imports.append(ast.get_source_segment(body, node) or ast.unparse(node))
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
-            funcs.append(node)
-        else:
-            raise _FileError(
-                body_start + node.lineno, f"only imports and the function {name!r} may appear here"
-            )
-    if len(funcs) != 1:
-        raise _FileError(body_start + 1, f"expected exactly one function {name!r}, found {len(funcs)}")
-    f = funcs[0]
+    try:
+        import_nodes, f = split_definition(tree, name)
+    except SkillTextError as e:
+        raise _FileError(body_start + e.line, e.message) from None
+    imports = [ast.get_source_segment(body, node) or ast.unparse(node) for node in import_nodes]
     start = min([d.lineno for d in f.decorator_list] + [f.lineno])
     source = "\n".join(body.splitlines()[start - 1 : f.end_lineno])
     return _skill_from_header(source, name, tuple(imports), header)

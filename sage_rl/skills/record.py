@@ -126,6 +126,7 @@ class Skill:
             successes=_int_field(d, "successes", 0),
         )
         try:
+            _definition_only(d["source"], name)
             return make_skill(d["source"], **fields)
         except (RecursionError, MemoryError, ValueError) as e:  # absurdly nested source
             if isinstance(e, SkillError):
@@ -189,6 +190,48 @@ def function_node(source: str, name: str | None = None) -> FunctionNode:
     if not funcs:
         raise SkillError(f"skill {name or '?'}: source holds no top-level function {name or ''}".rstrip())
     return funcs[-1]
+
+
+class SkillTextError(SkillError):
+    """The text defining a skill holds something else; ``line`` (1-based) is where."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(message)
+        self.line, self.message = line, message
+
+
+def split_definition(tree: ast.Module, name: str) -> tuple[list[ast.Import | ast.ImportFrom], FunctionNode]:
+    """The rule for the text that defines a skill, in every format: import statements and exactly
+    one top-level function ``name``, nothing else. Anything else (``os.system(...)`` before the
+    ``def``) would run before every later task that retrieves the skill. Returns (imports, the
+    function); raises ``SkillTextError`` at the first offence."""
+    imports: list[ast.Import | ast.ImportFrom] = []
+    funcs: list[FunctionNode] = []
+    for node in tree.body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            imports.append(node)
+        elif isinstance(node, FunctionNode) and node.name == name:
+            funcs.append(node)
+        else:
+            raise SkillTextError(node.lineno, f"only imports and the function {name!r} may appear here")
+    if len(funcs) != 1:
+        raise SkillTextError(1, f"expected exactly one function {name!r}, found {len(funcs)}")
+    return imports, funcs[0]
+
+
+def _definition_only(source: str, name: str) -> None:
+    """``split_definition`` for a record's ``source`` (``SkillError``); text that does not parse or
+    holds no function ``name`` is left to ``make_skill``, which says so."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return
+    if not any(isinstance(n, FunctionNode) and n.name == name for n in tree.body):
+        return
+    try:
+        split_definition(tree, name)
+    except SkillTextError as e:
+        raise SkillError(f"skill {name!r}: source line {e.line}: {e.message}") from None
 
 
 def signature_of(node: FunctionNode) -> str:
