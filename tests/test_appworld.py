@@ -116,6 +116,40 @@ def test_two_concurrent_workers_reset_execute_complete_evaluate_teardown(
     assert list((suite._factory.tmp / "episodes").iterdir()) == []
 
 
+#: Over 64 MiB printed in 1 MiB lines (the parent's line limit was 64 MiB); a long error message.
+FLOOD = "line = 'x' * (1 << 20)\nfor _ in range(65):\n    print(line)"
+LONG_ERROR = "raise ValueError('y' * (1 << 20))"
+
+
+async def _flood(suite: AppWorldSuite) -> dict:
+    env = await suite.open()
+    try:
+        await env.reset(suite.split("train")[0])
+        out: dict = {"pid": env.worker_pid, "set": await env.execute("kept = 7")}
+        out["flood"] = await env.execute(FLOOD)
+        out["error"] = await env.execute(LONG_ERROR)
+        out["state"] = await env.execute("print(kept)")
+        out["pid_after"] = env.worker_pid
+        out["log"] = (env._output_dir / "logs" / "environment_io.md").stat().st_size  # type: ignore[operator]
+        out["info"] = await env.info()
+        return out
+    finally:
+        await env.close()
+
+
+def test_a_cell_printing_more_than_64_mib_is_truncated_and_the_episode_goes_on(suite: AppWorldSuite) -> None:
+    out = asyncio.run(_flood(suite))
+    limit = 20_000  # appworld.limits.output_chars, as the sandbox's
+    flood = out["flood"]
+    assert flood.ok and flood.observation.startswith("x" * 100)
+    assert len(flood.observation) < limit + 500 and "[output truncated: " in flood.observation
+    assert not out["error"].ok and "ValueError" in out["error"].observation
+    assert len(out["error"].observation) < limit + 20_500 and "truncated" in out["error"].observation
+    # Same worker, same namespace: nothing was lost or restored; AppWorld's log holds the cut text.
+    assert out["state"].ok and out["state"].observation.strip() == "7" and out["pid_after"] == out["pid"]
+    assert out["log"] < 1 << 20 and out["info"]["rss_mb"] < 2000
+
+
 async def _recorded_run(world: AppWorldPaths, run: Path) -> list[Path]:
     suite = AppWorldSuite(config_for(world))
     suite.record_to(run)

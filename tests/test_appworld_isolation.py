@@ -84,6 +84,50 @@ def test_agent_code_cannot_read_ground_truth_data_or_the_parents_environment(sui
     # Evaluation still works: it runs elsewhere, with the ground truth the worker never had.
 
 
+#: Agent code reaching for this integration's source (the evaluator's plumbing): by path, by
+#: listing, through its own modules' ``__file__``, by import. Each must fail.
+SOURCE_PROBES = {
+    "read": "import pathlib\nprint(pathlib.Path({dir!r} + '/episode.py').read_text()[:80])",
+    "list": "import os\nprint(sorted(e.name for e in os.scandir({dir!r})))",
+    "own_file": "import pathlib\nprint(pathlib.Path(__import__('sage_rl_appworld_episode').__file__).read_text()[:80])",
+    "exec_module": (
+        "u = __import__('importlib.util', fromlist=['util'])\n"
+        "spec = u.spec_from_file_location('aw_env', {dir!r} + '/synthetic.py')\n"
+        "spec.loader.exec_module(u.module_from_spec(spec))\nprint('imported')"
+    ),
+    "import": "m = __import__('sage_rl.integrations.appworld.synthetic')\nprint('imported')",
+    "import_path": "__import__('sys').path.insert(0, {dir!r})\n__import__('synthetic')\nprint('imported')",
+}
+
+
+async def _source_probe(suite: AppWorldSuite) -> dict:
+    from sage_rl.integrations.appworld import env as env_module
+
+    source = str(Path(env_module.__file__).resolve().parent)
+    env = await suite.open()
+    try:
+        await env.reset(suite.split("train")[0])
+        out = {k: await env.execute(code.format(dir=source)) for k, code in SOURCE_PROBES.items()}
+        await env.execute("apis.supervisor.complete_task(answer=42)")
+        out["eval"] = await env.evaluate()
+        return out
+    finally:
+        await env.close()
+
+
+def test_agent_code_cannot_read_or_import_the_integrations_source_and_evaluation_still_works(
+    suite: AppWorldSuite,
+) -> None:
+    """Only the evaluator (no agent code) reads ``sage_rl/integrations/appworld/``."""
+    out = asyncio.run(_source_probe(suite))
+    for probe in SOURCE_PROBES:
+        result = out[probe]
+        assert not result.ok, (probe, result.observation)
+        assert re.search(r"PermissionError|ModuleNotFoundError", result.observation), (probe, result)
+        assert "imported" not in result.observation and "from __future__" not in result.observation
+    assert out["eval"].success
+
+
 #: Cells of the exact-restore test. ``cells`` counts how often a cell body has run (a replay
 #: would run earlier cells again); ``n`` is left at a timing-dependent value by AppWorld's alarm;
 #: the emails are rows in AppWorld's database, sent until the alarm fires.

@@ -35,6 +35,12 @@ class AppWorldLimits(Section):
         ge=64,
         description="Processes and threads of the worker's user, summed over all (RLIMIT_NPROC), where not root.",
     )
+    output_chars: int = Field(
+        20_000,
+        ge=100,
+        le=10_000_000,
+        description="Printed characters a cell's observation keeps; the rest is cut (as the sandbox's).",
+    )
     drop_user: str = Field(
         "nobody",
         description="When sage-rl runs as root, episode workers switch to this user ('' keeps root).",

@@ -220,6 +220,7 @@ class AppWorldEnvironment:
             "cell_timeout_s": self.config.cell_timeout_s,
             "max_interactions": self.config.max_interactions,
             "max_api_calls_per_interaction": self.config.max_api_calls_per_interaction,
+            "output_chars": self.config.limits.output_chars,
             "sandbox": self.config.sandbox,
             "limits": self.config.limits.model_dump(),
         }

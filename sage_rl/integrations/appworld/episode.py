@@ -8,15 +8,19 @@ from __future__ import annotations
 import ast
 import concurrent.futures
 import contextlib
+import io
 import os
 import pwd
 import shutil
 import signal
+import sys
 
 import sage_rl_appworld_layers as layers  # type: ignore[import-not-found]
 import sage_rl_appworld_snapshots as snapshots  # type: ignore[import-not-found]
 
 FAILED_PREFIX = "Execution failed."
+#: Printed characters a cell's observation keeps when the request does not say (the sandbox's).
+DEFAULT_OUTPUT_CHARS = 20_000
 #: What of an episode's AppWorld output folder the evaluator copies (regular files only).
 OUTPUT_SUBFOLDERS = ("dbs", "logs", "version", "misc")
 
@@ -82,6 +86,67 @@ class PendingCalls:
 
 PENDING = PendingCalls()
 
+#: Room kept beyond ``output_chars`` for an error's traceback, as the sandbox keeps (session.py).
+TRACEBACK_ROOM = 20_000
+
+
+class CappedText(io.StringIO):
+    """A cell's stdout or stderr: keeps the first ``limit`` characters and counts the rest, so a
+    cell that prints gigabytes holds kilobytes here (and in AppWorld's logs)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit, self.size, self.dropped = limit, 0, 0
+
+    def write(self, s: str) -> int:
+        if not isinstance(s, str):
+            raise TypeError(f"write() argument must be str, not {type(s).__name__}")
+        room = self.limit - self.size
+        if room >= len(s):
+            super().write(s)
+            self.size += len(s)
+        else:
+            if room > 0:
+                super().write(s[:room])
+                self.size = self.limit
+            self.dropped += len(s) - max(room, 0)
+        return len(s)
+
+    def getvalue(self) -> str:
+        out = super().getvalue()
+        if self.dropped:
+            out += (
+                f"\n[output truncated: {self.dropped} more characters not shown; "
+                f"the limit is {self.limit} characters per cell]\n"
+            )
+        return out
+
+
+def capped_capture(limit: int):
+    """IPython's ``capture_output`` (which ``AppWorld.execute`` captures a cell with), writing to
+    ``CappedText`` streams instead of unbounded ones."""
+    from IPython.utils.capture import capture_output
+
+    class CappedCapture(capture_output):
+        def __enter__(self):
+            captured = super().__enter__()
+            if self.stdout:
+                captured._stdout = sys.stdout = CappedText(limit)
+            if self.stderr:
+                captured._stderr = sys.stderr = CappedText(limit)
+            return captured
+
+    return CappedCapture
+
+
+def cap_observation(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters plus room for a traceback (an exception's own message
+    can be as long as any print)."""
+    cap = limit + TRACEBACK_ROOM
+    if len(text) <= cap:
+        return text
+    return text[:cap] + f"\n[observation truncated: {len(text)} characters in all]\n"
+
 
 class Episode:
     """The one live ``AppWorld`` of an episode worker."""
@@ -93,6 +158,7 @@ class Episode:
         self._ran, self._result = False, None
         self._alarm: AlarmWatch | None = None
         self._dead_clients: list = []
+        self._output_chars = DEFAULT_OUTPUT_CHARS
 
     def reset(self, req: dict) -> dict:
         if self.world is not None:
@@ -121,6 +187,10 @@ class Episode:
 
         world._shell_run_cell = watched
         import appworld.common.utils as utils
+        import appworld.environment
+
+        self._output_chars = int(req.get("output_chars", DEFAULT_OUTPUT_CHARS))
+        appworld.environment.capture_output = capped_capture(self._output_chars)
 
         self._alarm = utils.signal = AlarmWatch(signal)
         if req.get("sandbox", True):
@@ -163,6 +233,10 @@ class Episode:
         if PENDING.drain():  # a request outlived the cell: save the state it left
             world._save_state(world.output_db_home_path_on_disk)
         timed_out = self._alarm.fired  # type: ignore[union-attr]
+        capped = cap_observation(output, self._output_chars)
+        if capped is not output:  # a huge traceback: AppWorld logged it whole; log it as returned
+            output = world.environment_io[-1]["output"] = capped
+            world.save_logs()
         if self._ran:  # no result: the alarm ended run_cell itself; else the cell's own status
             failed = timed_out or self._result is None or not self._result.success
         else:  # refused before running (unsafe or invalid syntax) or empty: AppWorld's own message
@@ -218,7 +292,7 @@ def evaluate(req: dict, network: str, paths: tuple[list[str], list[str]]) -> dic
         os.symlink(req["data"], os.path.join(dest_root, "data"))
     if req.get("sandbox", True):
         limits = layers.Limits.from_dict({**req["limits"], "drop_user": ""})
-        layers.apply(limits, dest, network, paths, [req["data"], req["source"]])
+        layers.apply(limits, dest, network, layers.evaluator_paths(paths), [req["data"], req["source"]])
     _copy_outputs(req["source"], dest)
     use_root(dest_root)
     from appworld.evaluator import evaluate_task

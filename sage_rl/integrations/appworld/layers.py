@@ -11,8 +11,9 @@ reads only by attribute), and calls them:
 - an episode worker calls ``apply(...)`` after AppWorld has loaded its task: rlimits, scratch as
   cwd, the drop from root to ``nobody``, no_new_privs, Landlock (reads only system, Python and
   venv folders; writes only its scratch), and the sandbox's friendly guard;
-- the evaluator calls ``apply(...)`` too, with the task data readable and only its output folder
-  writable.
+- the evaluator calls ``apply(...)`` too, with the task data and this integration's source
+  (``evaluator_paths``) readable and only its output folder writable. Episode workers never read
+  any of sage-rl's source, this folder included.
 
 seccomp is left off on purpose (``pyseccomp`` is made unimportable here): an episode worker forks
 a snapshot of itself after every cell (``snapshots.py``), and the sandbox's filter refuses fork.
@@ -28,6 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 _SAGE_RL = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: This integration's source. Readable by the evaluator only (``evaluator_paths``): AppWorld's
+#: evaluator reads the source of every frame of a failing test (its fail trace), ours included.
+INTEGRATION_DIR = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass(frozen=True)
@@ -74,16 +78,26 @@ def enter_network_namespace() -> tuple[str, str]:
 
 
 def readable_paths() -> tuple[list[str], list[str]]:
-    """(readable, listable) folders for Landlock: system, this Python and its venv."""
+    """(readable, listable) folders for Landlock: system, this Python and its venv. Never
+    sage-rl's source, this integration's included: agent code has no use for the evaluator's
+    plumbing (the worker loaded every module it needs before its layers went on)."""
     try:
         found = sandbox_module("readable").readable_paths()  # newer sandbox: (readable, listable)
     except ModuleNotFoundError:
         found = (sandbox_module("isolation").readable_paths(), [])
     readable, listable = found
-    # The sandbox hides sage-rl's own source from agent code (PocketWorld's answers live there).
-    # AppWorld's answers do not; and AppWorld's evaluator reads the source of every frame of a
-    # failing test (its fail trace), ours included, so this integration's folder stays readable.
-    return [*readable, os.path.join(_SAGE_RL, "integrations", "appworld")], list(listable)
+    hidden = os.path.realpath(_SAGE_RL)
+    inside = [p for p in readable if p == hidden or p.startswith(hidden + os.sep)]
+    if inside:  # the sandbox hides the package itself; checked, as agent code's reads depend on it
+        raise RuntimeError(f"the sandbox would let agent code read sage-rl's source: {inside[0]}")
+    return list(readable), list(listable)
+
+
+def evaluator_paths(paths: tuple[list[str], list[str]]) -> tuple[list[str], list[str]]:
+    """What the evaluator (no agent code) may read besides a worker's ``paths``: this
+    integration's source, for AppWorld's fail traces."""
+    readable, listable = paths
+    return [*readable, INTEGRATION_DIR], list(listable)
 
 
 def apply(

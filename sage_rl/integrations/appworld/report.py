@@ -44,7 +44,8 @@ def _isolate(experiment_dir: str, data: str) -> None:
         threads=4096,
         drop_user="",
     )
-    report = layers.apply(limits, experiment_dir, network, layers.readable_paths(), [data])
+    paths = layers.evaluator_paths(layers.readable_paths())
+    report = layers.apply(limits, experiment_dir, network, paths, [data])
     print(
         f"(evaluated under: network={report['network']}, filesystem={report['filesystem']})", file=sys.stderr
     )

@@ -30,7 +30,7 @@ request's ``id``. A snapshot that took over sends ``{"ok": true, "restored": tru
 
 Requests (``op`` and its fields) -> answer fields (besides ``ok``):
 - ``reset`` task_id, experiment, scratch, data, cell_timeout_s, max_interactions,
-  max_api_calls_per_interaction, sandbox, limits -> instruction, isolation, output_dir
+  max_api_calls_per_interaction, output_chars, sandbox, limits -> instruction, isolation, output_dir
 - ``execute`` code -> output, failed, timed_out, completed, defined
 - ``lost`` code, output: record a cell whose worker was killed, as AppWorld records a failed
   cell (it counts as an interaction) -> completed
