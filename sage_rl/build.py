@@ -1,8 +1,8 @@
 """The composition root: where configs become objects, and where their lifetimes are owned.
 
 Everything below this module receives built objects and holds no process-wide state
-(ARCHITECTURE.md, principle 8). Entry points (the commands in ``sage_rl/cli``; any other, such as
-a verl trainer's main, sits at that level too) compose a run from these pieces:
+(ARCHITECTURE.md, principle 8). The run functions (``sage_rl/runs/``, one per command, which the
+commands in ``sage_rl/cli``, the recipe and verl's entry point call) compose a run from these pieces:
 
     async with open_suite(cfg) as suite:              # the task suite, and its sandbox: closed on exit
         policy = build_policy(cfg)                    # or open_training(cfg, resume).policy
@@ -96,7 +96,9 @@ def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
 
         tok = load_tokenizer(p.model)  # count the expert's tokens as the default model would
         return ScriptedExpert(
-            seed=p.expert_seed, token_counter=lambda text: len(tok.encode(text, add_special_tokens=False))
+            seed=p.expert_seed,
+            token_counter=lambda text: len(tok.encode(text, add_special_tokens=False)),
+            inline=not cfg.skills.use_skills,  # no library in the prompt: solve inline, no def
         )
     if p.kind == "openai":
         import os
@@ -139,7 +141,9 @@ def build_collect_policy(cfg: CollectConfig) -> Policy:
     if cfg.policy.kind == "scripted":
         from sage_rl.envs.pocketworld.expert import ScriptedExpert
 
-        return ScriptedExpert(seed=cfg.policy.expert_seed, fail_rate=cfg.scripted_fail_rate)
+        return ScriptedExpert(
+            seed=cfg.policy.expert_seed, fail_rate=cfg.scripted_fail_rate, inline=not cfg.skills.use_skills
+        )
     return build_policy(cfg)
 
 
@@ -196,7 +200,7 @@ class Training:
 
 
 def open_training(cfg: TrainConfig, resume: bool) -> Training:
-    """Load the model (``init_from`` when that checkpoint exists, else ``policy.model``), wrap it
+    """Load the model (``init_from`` when set, else ``policy.model``), wrap it
     in a ``Trainer``, open the run folder (resuming from its last checkpoint when asked) and build
     the policy over the trained model. Raises ``FileExistsError`` for a used run folder without
     ``resume``. The caller closes ``logger``. The policy is built after the checkpoint (or
@@ -206,7 +210,7 @@ def open_training(cfg: TrainConfig, resume: bool) -> Training:
     from sage_rl.train.checkpoint import open_run
 
     set_threads(cfg.policy)
-    source = cfg.init_from if cfg.init_from and Path(cfg.init_from).is_dir() else cfg.policy.model
+    source = cfg.init_from or cfg.policy.model  # runs.train.check_start: a set init_from exists
     model, tokenizer = load_model(source, device=cfg.policy.device)
     trainer = Trainer(model, tokenizer, cfg.trainer, temperature=sampling_params(cfg).temperature)
     logger, start = open_run(

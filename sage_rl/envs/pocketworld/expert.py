@@ -15,6 +15,9 @@ Seeded variation keeps expert data from being one string repeated: the skill nam
 per scenario, so a chain's tasks agree), the number and choice of doc lookups, and whether the
 answer is computed and submitted in one cell or two. ``fail_rate`` makes it give up on some
 tasks (it completes without doing the work): what rejection sampling must filter out.
+
+``inline=True`` is the library-free expert of the paper's GRPO baseline (issue 27): the same doc
+lookups and API calls with every skill's body inlined where it is called, and no ``def``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sage_rl.envs.pocketworld.inline import inline_solution
 from sage_rl.envs.pocketworld.scenarios.base import COMMON_NAMES, stable_seed
 from sage_rl.envs.pocketworld.tasks import task_by_id, template_of
 from sage_rl.types import Completion, PolicyRequest
@@ -45,9 +49,11 @@ class ScriptedExpert:
 
     renderer = None
 
-    def __init__(self, seed: int = 0, fail_rate: float = 0.0, token_counter: Any = None) -> None:
-        self.seed, self.fail_rate = seed, fail_rate
-        self.name = f"scripted-expert(seed={seed})"
+    def __init__(
+        self, seed: int = 0, fail_rate: float = 0.0, token_counter: Any = None, inline: bool = False
+    ) -> None:
+        self.seed, self.fail_rate, self.inline = seed, fail_rate, inline
+        self.name = f"scripted-expert(seed={seed}{', inline' if inline else ''})"
         self._count = token_counter  # optional callable text -> tokens, for honest token metrics
 
     def weights_changed(self) -> None:
@@ -70,6 +76,8 @@ class ScriptedExpert:
         template, params = template_of(task), task.spec["params"]
         if rng.random() < self.fail_rate:
             return ["apis.supervisor.complete_task()"]
+        if self.inline:  # library-free: the same lookups and API calls, no def (envs/pocketworld/inline.py)
+            return self._lookups(template, rng) + _solve_inline(template.full_skill_source, template.call_code(params), rng)
         names = self.names(template, task.scenario_id)
         call = _rename(template.call_code(params), names)
         cells = self._lookups(template, rng) if not set(names.values()) <= set(library) else []
@@ -133,6 +141,15 @@ def _solve(define: str, call: str, rng: random.Random) -> list[str]:
         first = f"{define}\n\n\n{compute}" if define else compute
         return [first, "apis.supervisor.complete_task(answer=answer)"]
     return [f"{define}\n\n\n{call}" if define else call]
+
+
+def _solve_inline(source: str, call: str, rng: random.Random) -> list[str]:
+    """``_solve`` without a library: the skills' bodies inlined where they are called."""
+    answer = _answer_expr(call)
+    if answer is not None and rng.random() < 0.5:
+        compute = inline_solution(source, f"answer = {answer}\nprint(answer)")
+        return [compute, "apis.supervisor.complete_task(answer=answer)"]
+    return [inline_solution(source, call)]
 
 
 def _answer_expr(call: str) -> str | None:
