@@ -159,16 +159,26 @@ class CallRecord:
     """Calls of one agent-defined function during one cell, as reported by the sandbox.
 
     ``origin`` is the filename its code object was compiled with: ``<cell-N>`` or ``<skill:NAME>``.
+    ``errors`` counts the calls that raised; ``with_api`` the calls that returned without raising
+    AND made at least one successful API call while they ran (directly or through functions they
+    called; generator and async functions never count). Records written before issue 30 have no
+    ``with_api`` (read as 0).
     """
 
     name: str
     origin: str
     calls: int
     errors: int
+    with_api: int = 0
 
     @property
     def from_library(self) -> bool:
         return self.origin.startswith(SKILL_ORIGIN_PREFIX)
+
+    @property
+    def returned(self) -> int:
+        """Calls that did not raise."""
+        return self.calls - self.errors
 
 
 @dataclass(frozen=True)
@@ -179,6 +189,8 @@ class ExecResult:
     back to static detection. ``defined`` names the functions whose definitions in this cell
     actually executed (bound in the namespace afterwards, compiled from this cell's ``origin``);
     None where the environment cannot tell, and extraction then falls back to the AST.
+    ``api_ok`` is the number of API calls of this cell that succeeded, counted by the process that
+    owns the world (the sandbox's parent), not by the worker; None where nobody counted them.
     """
 
     observation: str
@@ -188,6 +200,7 @@ class ExecResult:
     calls: tuple[CallRecord, ...] | None = ()
     defined: tuple[str, ...] | None = ()
     duration_s: float = 0.0
+    api_ok: int | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ExecResult:

@@ -274,12 +274,13 @@ class SkillPolicy:
 
 
 class DefiningEnv(FakeEnv):
-    """Reports f as defined in its cell and called from that cell (or from the library)."""
+    """Reports f as defined in its cell and called from that cell (or from the library), returning
+    after a successful API call."""
 
     async def execute(self, code, origin):
         r = await super().execute(code, origin)
         if origin.startswith("<cell-") and "def f" in code:
-            return ExecResult("out", True, calls=(CallRecord("f", origin, 1, 0),), defined=("f",))
+            return ExecResult("out", True, calls=(CallRecord("f", origin, 1, 0, 1),), defined=("f",))
         return r
 
 

@@ -40,7 +40,7 @@ def test_protocols_and_async_episode():
 
 def test_namespace_persists_and_holds_only_apis():
     env = _env()
-    r = env.execute("print(sorted(k for k in globals() if not k.startswith('__')))\nx = 41", "<cell-1>")
+    r = env.execute("print(sorted(k for k in dir() if not k.startswith('__')))\nx = 41", "<cell-1>")
     assert r.observation == "['apis']\n" and r.ok
     assert env.execute("print(x + 1)", "<cell-2>").observation == "42\n"
 

@@ -15,6 +15,7 @@ import asyncio
 import os
 
 import pytest
+from test_sandbox_support import rules_off  # noqa: F401  (a fixture, used by name below)
 from test_sandbox_support import (
     PID,
     RESTARTED,
@@ -28,6 +29,10 @@ from test_sandbox_support import (
 
 from sage_rl.sandbox import Sandbox
 from sage_rl.sandbox.landlock import abi_version
+
+# These tests check the layers below the rules agent code lives under (sandbox/rules.py): the OS
+# isolation and the parent's limits must hold for any code, so the parent's check is switched off.
+pytestmark = pytest.mark.usefixtures("rules_off")
 
 # Where the kernel has no Landlock, only file permissions guard the file system (docs/sandbox.md):
 # a file the trainer made world-writable is then writable, so these cases are skipped, not weakened.

@@ -15,7 +15,14 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from test_sandbox_support import PID, TEST_LIMITS, FakeWorld, assert_trainer_unharmed, run
+from test_sandbox_support import (  # rules_off: a fixture, used by name
+    PID,
+    TEST_LIMITS,
+    FakeWorld,
+    assert_trainer_unharmed,
+    rules_off,  # noqa: F401
+    run,
+)
 
 from sage_rl.envs.pocketworld import bounds, tasks
 from sage_rl.envs.pocketworld.checks import TOO_DEEP, answers_match, normalize
@@ -86,8 +93,11 @@ def _chain(second: str):
     from sage_rl.build import build_runner, open_suite
     from sage_rl.settings import RunConfig
 
+    # the paper's credit rule: get_two makes no API call, and forging must not pay under the weaker rule
     cfg = RunConfig(
-        agent={"max_steps": 1, "max_tokens_per_turn": 64, "context_limit": 4096}, worked_example=False
+        agent={"max_steps": 1, "max_tokens_per_turn": 64, "context_limit": 4096},
+        worked_example=False,
+        skills={"credit": "paper"},
     )
 
     async def run():
@@ -107,36 +117,30 @@ def test_honest_skill_use_is_credited():
 
 @pytest.mark.parametrize("attack", list(FORGERIES))
 def test_forged_skill_use_earns_nothing(attack):
-    """Each forgery of issue 11 made the chain credit a skill that never ran: (1, 1) became (2, 2)."""
+    """Each forgery of issue 11 made the chain credit a skill that never ran: (1, 1) became (2, 2).
+    Since issue 30 the parent refuses each cell before it runs (sandbox/rules.py), so the task is
+    not completed either (more forgeries: tests/test_reward_credit.py)."""
     forged = FORGERIES[attack] + "\napis.supervisor.complete_task(answer={answer})"
     chain, r = _chain(forged)
     obs = chain.trajectories[1].turns[0].observation
-    assert [t.outcome.success for t in chain.trajectories] == [True, True], obs
+    assert obs.startswith("RuleError: line ") and "nothing in it ran" in obs
     assert chain.trajectories[1].skills_used == () and chain.used_from == ((), ())
-    assert r == (1.0, 1.0)
-    if attack == "tracker name":
-        assert "name '__sage_track__' is not defined" in obs
-
-
-def test_forged_skill_use_with_a_call_the_code_never_makes():
-    """The records say the skill ran; the cells never call it (a call in dead code would: the
-    residual risk docs/sandbox.md states). Both must agree, so nothing is credited."""
-    forged = FORGERIES["gc walk"] + "\nif False:\n    pass\napis.supervisor.complete_task(answer={answer})"
-    chain, _ = _chain(forged)
-    assert chain.trajectories[1].skills_used == ()
+    assert r == (1.0, 0.0)
 
 
 def test_forged_cell_record_does_not_save_an_always_raising_function(sandbox):
     """A record forged for the task's own function (``<cell-N>``, no error) must not make an
-    always-raising function ``called_ok``: extraction cross-checks records with the AST too."""
+    always-raising function ``called_ok``. The forging cell is refused before it runs; and were a
+    record forged anyway, extraction cross-checks records with the AST too."""
     cell = (
         "def boom():\n    raise ValueError('always')\n"
         "import gc\nfor o in gc.get_objects():\n    if type(o).__name__ == 'CallTracker':\n"
-        "        o.counts[('boom', '<cell-0>')] = [1, 0]"
+        "        o.counts[('boom', '<cell-0>')] = [1, 0, 0]"
     )
     r = run(sandbox, [cell])[0]
-    assert CallRecord("boom", "<cell-0>", 1, 0) in r.calls  # the forgery worked on the records ...
-    assert extract_skills([(cell, r)], origins=[cell_origin(0)]) == []  # ... and earns nothing
+    assert r.observation.startswith("RuleError: line 3: import of 'gc' is not allowed") and r.calls == ()
+    forged = ExecResult("", True, calls=(CallRecord("boom", "<cell-0>", 1, 0),), defined=("boom",))
+    assert extract_skills([(cell, forged)], origins=[cell_origin(0)]) == []
     # an honest call that raises is recorded as raising; one that does not is saved
     ok = "def two():\n    return 2\ntwo()"
     r2 = run(sandbox, [ok])[0]
@@ -146,8 +150,8 @@ def test_forged_cell_record_does_not_save_an_always_raising_function(sandbox):
 def test_usage_needs_records_and_code_to_agree():
     from sage_rl.skills.record import make_skill
 
-    lib = Library([make_skill("def f():\n    return 1")])
-    ran = ExecResult("", True, calls=(CallRecord("f", "<skill:f>", 1, 0),))
+    lib = Library([make_skill("def f():\n    return apis.x.y()")])
+    ran = ExecResult("", True, calls=(CallRecord("f", "<skill:f>", 1, 0, with_api=1),))
     silent = ExecResult("", True, calls=())
     assert used_skills([("f()", ran)], lib) == {"f"}
     assert used_skills([("x = 1", ran)], lib) == set()  # forged record, no call in the code
@@ -279,15 +283,18 @@ def test_nan_through_the_sandbox_bridge(sandbox):
 
 
 def _raw_call(app: str, kwargs: str = "'{}'", repeat: int = 1) -> str:
-    """A cell that writes API call frames straight to its socket (around the worker's own checks)."""
+    """A cell that writes API call frames straight to its socket (around the worker's own checks).
+    It breaks the rules (``apis._bridge``): the tests that send it switch the rules off
+    (``rules_off``), as if they had a hole, to show that the parent's own limits hold anyway."""
     return (
-        "import struct, json\nsock = apis._bridge.chan.sock\n"
+        "import json\nsock = apis._bridge.chan.sock\n"
         f'body = (\'{{"op":"call","app":\' + json.dumps({app}) + \',"api":"y","kwargs":\' + {kwargs} + \'}}\').encode()\n'
-        f"for _ in range({repeat}):\n    sock.sendall(struct.pack('>I', len(body)) + body)\n"
+        f"for _ in range({repeat}):\n    sock.sendall(len(body).to_bytes(4, 'big') + body)\n"
         "    print(apis._bridge.chan.recv())"
     )
 
 
+@pytest.mark.usefixtures("rules_off")
 def test_huge_names_are_refused_unseen_and_unechoed(sandbox):
     """Issue 11: an 8 MB app name cost the parent 1.3-2.1 s (a fuzzy match) and came back whole."""
     world = FakeWorld()
@@ -336,6 +343,7 @@ def test_arguments_and_world_growth_are_capped():
     assert made == bounds.MAX_EPISODE_CHARS // (60 << 10)  # 68 notes of 60 KiB (4 MiB), then no more
 
 
+@pytest.mark.usefixtures("rules_off")
 def test_api_call_bytes_per_cell_are_capped(sandbox):
     """Decoding frames is event-loop time shared by every episode: a cell may send 16 x
     message_bytes of API calls in all; past that its worker is ended."""

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from sage_rl.sandbox import Sandbox, SandboxLimits
 from sage_rl.types import ExecResult
 
@@ -99,3 +101,11 @@ def kept(follow: ExecResult) -> bool:
 def restarted(follow: ExecResult) -> bool:
     """The follow-up cell ran in a fresh interpreter (the hostile cell's worker was replaced)."""
     return not follow.ok and "NameError: name 'x' is not defined" in follow.observation
+
+
+@pytest.fixture
+def rules_off(monkeypatch):
+    """The parent's check of the rules agent code lives under (sandbox/rules.py) switched off: for
+    the tests of the layers below it (the OS isolation, the parent's limits on the channel), which
+    must hold for any code, including code that breaks the rules."""
+    monkeypatch.setattr("sage_rl.sandbox.session.refusal", lambda code: None)

@@ -32,7 +32,7 @@ from sage_rl.skills.extract import SavePolicy, extract_skills
 from sage_rl.skills.library import Library
 from sage_rl.skills.record import Provenance, Skill
 from sage_rl.skills.retrieval import RetrievalConfig, Retriever, TaskContext
-from sage_rl.skills.usage import used_skills
+from sage_rl.skills.usage import SkillCredit, used_skills
 from sage_rl.types import Chain, Outcome, StopReason, Task, Trajectory, cell_origin
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,11 @@ class SkillsConfig(Section):
 
     use_skills: bool = True
     save_policy: SavePolicy = SavePolicy.CALLED_OK
+    credit: SkillCredit = Field(
+        SkillCredit.API,
+        description="when a call of a library skill counts as a use (the skill bonus): 'api' = it "
+        "returned without raising and made a successful API call; 'paper' = it returned (SAGE.md 4)",
+    )
     render: str = "full"  # "full" source or "compact" (signature + docstring) in the prompt
     token_budget: int = Field(2000, ge=1, description="tokens for the library section of the prompt")
     retrieval: RetrievalConfig = RetrievalConfig()
@@ -161,7 +166,7 @@ class ChainRunner:
         if not loaded:
             return set()
         cells = [(t.code, t.result) for t in traj.turns if t.code]
-        return used_skills(cells, Library.of([s for s in visible if s.name in loaded]))
+        return used_skills(cells, Library.of([s for s in visible if s.name in loaded]), self.skills.credit)
 
     def _saved(self, traj: Trajectory, library: Library, step: int) -> list[Skill]:
         if not self.skills.use_skills:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sage_rl.sandbox.channel import WorkerChannel, WorkerHandle
 from sage_rl.sandbox.isolation import IsolationReport
 from sage_rl.sandbox.protocol import ProtocolError, encode
+from sage_rl.sandbox.rules import refusal
 from sage_rl.types import CallRecord, ExecResult
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class Session:
         self._worker: WorkerHandle | None = None
         self._busy = False
         self._calls = 0  # API calls in the current cell
+        self._api_ok = 0  # of which succeeded (counted here, where the world is: ExecResult.api_ok)
 
     async def reset(self) -> None:
         """A fresh worker, namespace and scratch folder (the next episode)."""
@@ -89,6 +91,9 @@ class Session:
             raise RuntimeError("Session.execute called while another cell of this session is running")
         if self.scratch is None:
             raise RuntimeError("Session is closed; call reset() first")
+        refused = refusal(code)  # the rules agent code lives under, checked here, not in the worker
+        if refused is not None:
+            return ExecResult(refused, ok=False, calls=(), defined=(), api_ok=0)
         self._busy = True
         start = time.perf_counter()
         try:
@@ -102,7 +107,7 @@ class Session:
             self.restarts += 1
             return ExecResult(outcome.observation, ok=False, timed_out=outcome.timed_out, calls=(), defined=(),
                               duration_s=time.perf_counter() - start)  # fmt: skip
-        return dataclasses.replace(outcome, duration_s=time.perf_counter() - start)
+        return dataclasses.replace(outcome, duration_s=time.perf_counter() - start, api_ok=self._api_ok)
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -134,7 +139,7 @@ class Session:
             "timeout": lim.wall_timeout_s,
             "cpu": lim.cpu_seconds,
         }
-        self._calls = 0
+        self._calls = self._api_ok = 0
         try:
             async with asyncio.timeout(lim.wall_timeout_s + lim.kill_grace_s):
                 worker.signal(signal.SIGCONT)
@@ -186,6 +191,7 @@ class Session:
             return _error(f"apis.{app}.{api} returned a non-JSON value ({e})")
         if len(frame) > self.limits.message_bytes:
             return _error(f"apis.{app}.{api}: result too large to return")
+        self._api_ok += 1
         return frame
 
     def _end_worker(self) -> None:
@@ -235,10 +241,10 @@ def _result(msg: dict[str, Any], output_chars: int) -> ExecResult:
 
 
 def _record(row: Any) -> CallRecord:
-    ok = isinstance(row, list) and len(row) == 4
-    if not (ok and isinstance(row[0], str) and isinstance(row[1], str) and _count(row[2]) and _count(row[3])):
+    ok = isinstance(row, list) and len(row) == 5
+    if not (ok and isinstance(row[0], str) and isinstance(row[1], str) and all(_count(n) for n in row[2:])):
         raise ProtocolError("malformed call record")
-    return CallRecord(name=row[0], origin=row[1], calls=row[2], errors=row[3])
+    return CallRecord(name=row[0], origin=row[1], calls=row[2], errors=row[3], with_api=row[4])
 
 
 def _count(x: Any) -> bool:

@@ -1,7 +1,8 @@
 """Call records for functions defined by agent code (runs inside the worker).
 
 Each ``def`` in a cell gets one extra, innermost decorator: the tracker's ``wrap``. The wrapper
-counts calls and calls that raised, per (qualified name, origin) and per cell. This costs one extra
+counts calls, calls that raised, and calls that returned after at least one successful API call
+made while they ran (``with_api``), per (qualified name, origin) and per cell. This costs one extra
 Python frame per call of an agent function and nothing for other calls; a ``sys.setprofile`` hook
 would cost a callback on every call and cannot tell a raising call from one that returned None.
 
@@ -14,10 +15,15 @@ earns nothing). Lambdas are not tracked: they are never skills.
 Semantics, stated once:
 - a generator or async function counts when its body starts running, and raised when its body
   raises (not when it is merely created);
-- the records are computed inside the worker, which agent code controls: introspection (frames'
-  code constants, closures, ``gc``, ``ctypes``) can still reach the tracker and change them. They
-  are evidence, cross-checked in the parent against the task's own code (``skills/usage.py``); see
-  docs/sandbox.md.
+- ``with_api``: each running call of a plain function has an entry on its thread's stack of open
+  calls; the bridge reports each successful API call (``api_ok``) to the innermost open call, and a
+  call passes its count on to its caller when it ends, so an API call made by a helper counts for
+  every open call around it. A call that raised never counts. Generator and async functions are
+  not on the stack (their bodies run interleaved with other code): they never count ``with_api``;
+- the records are computed inside the worker. Only agent code that breaks the rules of
+  ``rules.py`` (refused in the parent before a cell runs: introspection, private attributes, raw
+  file descriptors) could reach the tracker or the channel; see docs/sandbox.md, "What agent code
+  may do".
 
 This module is imported by the template process: it imports nothing of the project.
 """
@@ -28,6 +34,7 @@ import ast
 import functools
 import inspect
 import secrets
+import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -56,17 +63,34 @@ class _Instrument(ast.NodeTransformer):
     visit_AsyncFunctionDef = _decorate
 
 
+class _OpenCalls(threading.local):
+    """Per thread: one entry per running call of a tracked plain function, innermost last; each
+    entry counts the successful API calls made inside that call so far."""
+
+    def __init__(self) -> None:
+        self.stack: list[int] = []
+
+
 class CallTracker:
-    """Counts calls of wrapped agent functions. ``counts`` maps (qualname, origin) -> [calls, errors]."""
+    """Counts calls of wrapped agent functions. ``counts`` maps (qualname, origin) ->
+    [calls, errors, with_api]."""
 
     def __init__(self) -> None:
         self.counts: dict[tuple[str, str], list[int]] = {}
+        self.open = _OpenCalls()
         # Unguessable, so no string literal of agent code can collide with it.
         self._marker = f"\x00sage-track-{secrets.token_hex(8)}\x00"
         self._codes: dict[int, types.CodeType] = {}  # id -> code object compiled here (kept alive)
 
     def start_cell(self) -> None:
         self.counts = {}
+        self.open = _OpenCalls()  # a call cut short by a timeout leaves nothing for the next cell
+
+    def api_ok(self) -> None:
+        """One API call succeeded: credit the innermost running call of this thread (if any)."""
+        stack = self.open.stack
+        if stack:
+            stack[-1] += 1
 
     def compile(self, code: str, origin: str) -> types.CodeType:
         """Compile agent code as ``origin`` with call tracking. Raises SyntaxError/ValueError as
@@ -88,8 +112,8 @@ class CallTracker:
         return new
 
     def records(self) -> list[list[Any]]:
-        """``[name, origin, calls, errors]`` rows, sorted, for the functions called this cell."""
-        return sorted([name, origin, n[0], n[1]] for (name, origin), n in self.counts.items())
+        """``[name, origin, calls, errors, with_api]`` rows, sorted, for the functions called this cell."""
+        return sorted([name, origin, n[0], n[1], n[2]] for (name, origin), n in self.counts.items())
 
     def wrap(self, fn: Any) -> Any:
         """Return ``fn`` wrapped so that its calls are counted; anything not compiled by this
@@ -111,9 +135,17 @@ def _counter(tracker: CallTracker, key: tuple[str, str]) -> list[int]:
     counts = tracker.counts
     n = counts.get(key)
     if n is None:
-        n = counts[key] = [0, 0]
+        n = counts[key] = [0, 0, 0]
     n[0] += 1
     return n
+
+
+def _close(stack: list[int]) -> int:
+    """End the innermost open call: its count of successful API calls, also added to its caller's."""
+    made = stack.pop() if stack else 0
+    if made and stack:
+        stack[-1] += made
+    return made
 
 
 def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -122,13 +154,19 @@ def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., An
         counts = tracker.counts
         n = counts.get(key)
         if n is None:
-            n = counts[key] = [0, 0]
+            n = counts[key] = [0, 0, 0]
         n[0] += 1
+        stack = tracker.open.stack
+        stack.append(0)
         try:
-            return fn(*args, **kwargs)
+            value = fn(*args, **kwargs)
         except BaseException:
             n[1] += 1
+            _close(stack)
             raise
+        if _close(stack):
+            n[2] += 1
+        return value
 
     return tracked
 

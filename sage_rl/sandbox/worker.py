@@ -7,7 +7,6 @@ common case fast and the messages clear; the boundary is the process and the OS 
 
 from __future__ import annotations
 
-import builtins
 import io
 import linecache
 import os
@@ -19,6 +18,7 @@ import traceback
 from typing import Any, NoReturn
 
 from sage_rl.sandbox.protocol import BlockingChannel, encode
+from sage_rl.sandbox.rules import agent_builtins
 from sage_rl.sandbox.tracking import AGENT_PREFIXES, CallTracker, defined_functions
 
 #: Frames of agent code shown at most in a traceback (the last ones; repeats are collapsed too).
@@ -94,6 +94,7 @@ class Bridge:
         self.chan, self.state, self.max_bytes = chan, state, max_bytes
         self.lock = threading.Lock()
         self.main_ident = threading.main_thread().ident
+        self.on_ok: Any = None  # called after each successful API call (the call tracker's api_ok)
 
     def call(self, app: str, api: str, kwargs: dict[str, Any]) -> Any:
         where = f"apis.{_short(app)}.{_short(api)}"
@@ -123,6 +124,8 @@ class Bridge:
         if reply.get("op") != "ret":
             raise RuntimeError(f"{where}: unexpected reply from the environment")
         if reply.get("ok"):
+            if self.on_ok is not None:
+                self.on_ok()
             return reply.get("value")
         raise ApiError(str(reply.get("error")))
 
@@ -203,7 +206,9 @@ class Runtime:
         self.state = _CellState()
         self.bridge = Bridge(chan, self.state, max_bytes)
         self.tracker = CallTracker()
-        self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+        self.bridge.on_ok = self.tracker.api_ok
+        # builtins that keep the rules of rules.py for names computed at run time (issue 30)
+        self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": agent_builtins()}
         self.namespace["apis"] = Apis(self.bridge)
         self.namespace["ApiError"] = ApiError
         signal.signal(signal.SIGALRM, self._on_limit_signal)

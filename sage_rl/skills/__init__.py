@@ -4,7 +4,7 @@ retrieval (issue 4; docs/skills.md)."""
 from sage_rl.skills.extract import SavePolicy, extract_skills
 from sage_rl.skills.library import AddResult, AddStatus, Library, PreambleCell, approx_tokens
 from sage_rl.skills.record import Provenance, Skill, SkillError, Tier, make_skill
-from sage_rl.skills.usage import used_skills, used_skills_from_calls, used_skills_static
+from sage_rl.skills.usage import SkillCredit, used_skills, used_skills_from_calls, used_skills_static
 
 __all__ = [
     "AddResult",
@@ -14,6 +14,7 @@ __all__ = [
     "Provenance",
     "SavePolicy",
     "Skill",
+    "SkillCredit",
     "SkillError",
     "Tier",
     "approx_tokens",

@@ -1,40 +1,88 @@
-"""Usage detection: which library skills a task really used (SAGE.md section 2; issue 4).
+"""Usage detection: which library skills a task really used (SAGE.md section 2; issues 4 and 30).
 
-A task used a library skill when the skill's own code ran: it was called, directly or through
-another function, and the task had not rebound its name first. Two detectors, which agree on the
-shared corpus in ``tests/skill_corpus.py``:
+A task used a library skill when the skill's own code ran and returned, and (under the default
+credit rule) did some work in the world while it ran. Two credit rules (``SkillCredit``):
+
+- ``api`` (default): a call of the skill counts when it returned without raising AND made at least
+  one successful API call while it ran (directly or through functions it called). A skill that
+  only computes (``def get_two(): return 2``) is never credited;
+- ``paper``: the paper's rule, a call counts when it returned without raising.
+
+Two detectors, which agree on the shared corpus in ``tests/skill_corpus.py``:
 
 - ``used_skills_from_calls``: exact, from the sandbox's call records. A record with origin
-  ``<skill:NAME>`` and ``calls > 0`` means the library's definition of NAME ran; a function the task
-  redefined has a ``<cell-N>`` origin instead, so redefinition needs no special rule;
+  ``<skill:NAME>`` says the library's definition of NAME ran (a function the task redefined has a
+  ``<cell-N>`` origin instead, so redefinition needs no special rule); ``returned`` and
+  ``with_api`` say how its calls ended. Under ``api``, a cell whose result says the parent served
+  no successful API call (``ExecResult.api_ok == 0``) credits nothing, whatever its records say;
 - ``used_skills_static``: for environments without call records (AppWorld), a replay of the cells
-  over a model of the namespace (``static.CallSimulator``; its rules are in that module).
+  over a model of the namespace (``static.CallSimulator``; its rules are in that module). It cannot
+  see whether a call raised; under ``api`` it credits only skills whose code (or a library skill it
+  calls) refers to ``apis``.
 
-``used_skills`` is what the rollout credits: with records, both detectors must agree (records can
-be forged inside the worker; the cells cannot), so a skill is credited only when it ran and the
-task's own code calls it by name.
+``used_skills`` is what the rollout credits: with records, both detectors must agree (the cells are
+text the parent holds), so a skill is credited only when it ran and the task's own code calls it.
 """
 
 from __future__ import annotations
 
+import ast
+import enum
 from collections.abc import Collection, Iterable, Sequence
 
 from sage_rl.skills.library import Library
-from sage_rl.skills.static import CallSimulator, parse_cell
-from sage_rl.types import SKILL_ORIGIN_PREFIX, ExecResult
+from sage_rl.skills.static import CallSimulator, global_calls, parse_cell
+from sage_rl.types import SKILL_ORIGIN_PREFIX, CallRecord, ExecResult
 
 
-def used_skills_from_calls(results: Iterable[ExecResult], library_names: Collection[str]) -> set[str]:
-    """Library skills whose library definition was called in any of ``results``."""
+class SkillCredit(enum.StrEnum):
+    """When a call of a library skill counts as a use (module docstring; docs/algorithm.md)."""
+
+    API = "api"  # returned without raising and made at least one successful API call (default)
+    PAPER = "paper"  # returned without raising (the paper's rule)
+
+
+def credited(rec: CallRecord, credit: SkillCredit) -> bool:
+    """Whether the calls in ``rec`` include one that counts as a use under ``credit``."""
+    if credit is SkillCredit.PAPER:
+        return rec.returned > 0
+    return rec.with_api > 0
+
+
+def used_skills_from_calls(
+    results: Iterable[ExecResult], library_names: Collection[str], credit: SkillCredit = SkillCredit.API
+) -> set[str]:
+    """Library skills whose library definition was called, and credited under ``credit``, in any
+    of ``results``."""
     names = set(library_names)
     used: set[str] = set()
     for result in results:
+        if credit is SkillCredit.API and result.api_ok == 0:
+            continue  # the parent served no successful API call in this cell: no skill made one
         for rec in result.calls or ():
-            if rec.calls > 0 and rec.from_library:
+            if rec.from_library and credited(rec, credit):
                 name = rec.origin[len(SKILL_ORIGIN_PREFIX) : -1]
                 if name in names:
                     used.add(name)
     return used
+
+
+def api_skills(library: Library) -> set[str]:
+    """Skills (canonical names) whose code refers to ``apis``, or calls a library skill that does:
+    the static stand-in for "made an API call" where there are no call records."""
+    nodes = library.function_nodes()
+    direct = {
+        name
+        for name, node in nodes.items()
+        if any(isinstance(n, ast.Name) and n.id == "apis" for n in ast.walk(node))
+    }
+    calls = {name: global_calls(node) & nodes.keys() for name, node in nodes.items()}
+    out, grew = set(direct), True
+    while grew:  # a fixpoint over the library's call graph
+        more = {name for name, callees in calls.items() if callees & out} - out
+        out |= more
+        grew = bool(more)
+    return {library.resolve(n) for n in out}
 
 
 def used_skills_static(cells: Sequence[str], library: Library) -> set[str]:
@@ -47,17 +95,21 @@ def used_skills_static(cells: Sequence[str], library: Library) -> set[str]:
     return used
 
 
-def used_skills(cells: Sequence[tuple[str, ExecResult]], library: Library) -> set[str]:
-    """Library skills (canonical names) a task used.
+def used_skills(
+    cells: Sequence[tuple[str, ExecResult]], library: Library, credit: SkillCredit = SkillCredit.API
+) -> set[str]:
+    """Library skills (canonical names) a task used, under ``credit``.
 
     With call records (every cell has them): a skill counts only when the records say its library
-    definition ran AND the task's own code calls it (``used_skills_static``). Both must agree: the
-    records are counted inside the worker, which agent code controls and can forge
-    (docs/sandbox.md), while the cells are text the parent holds. Without records: static detection.
+    definition ran and was credited AND the task's own code calls it (``used_skills_static``). Both
+    must agree: the records are counted inside the worker (docs/sandbox.md, "What agent code may
+    do"), while the cells are text the parent holds. Without records: static detection, and under
+    ``api`` only skills that refer to ``apis`` (``api_skills``).
     """
+    credit = SkillCredit(credit)
     static = used_skills_static([code for code, _ in cells], library)
     results = [r for _, r in cells]
     if not all(r.calls is not None for r in results):
-        return static
+        return static & api_skills(library) if credit is SkillCredit.API else static
     names = set(library.names()) | set(library.aliases())
-    return {library.resolve(n) for n in used_skills_from_calls(results, names)} & static
+    return {library.resolve(n) for n in used_skills_from_calls(results, names, credit)} & static

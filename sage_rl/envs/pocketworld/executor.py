@@ -27,6 +27,7 @@ from typing import Protocol
 from sage_rl.envs.pocketworld.api import ApiError
 from sage_rl.envs.pocketworld.calltrace import AGENT_ORIGINS, CallTracer
 from sage_rl.envs.pocketworld.proxy import Apis, Dispatch
+from sage_rl.sandbox.rules import refusal
 from sage_rl.types import ExecResult
 
 #: Observations longer than this are cut (the model's context is the scarce resource).
@@ -69,20 +70,39 @@ class InProcessExecutor:
     """Executes cells in this process, in one namespace that persists across cells, with call records."""
 
     def __init__(self, dispatch: Dispatch) -> None:
+        self._tracer: CallTracer | None = None
+        self._api_ok = 0
         self._ns: dict[str, object] = {
             "__builtins__": builtins,
             "__name__": "__agent__",
-            "apis": Apis(_untraced(dispatch)),
+            "apis": Apis(_untraced(self._counted(dispatch))),
         }
         self._sources: dict[str, list[str]] = {}
 
+    def _counted(self, dispatch: Dispatch) -> Dispatch:
+        """``dispatch`` that reports each successful call to the cell's tracer and count."""
+
+        def call(app: str, api: str, kwargs: dict) -> object:
+            value = dispatch(app, api, kwargs)
+            self._api_ok += 1
+            if self._tracer is not None:
+                self._tracer.api_ok()
+            return value
+
+        return call
+
     async def execute(self, code: str, origin: str) -> ExecResult:
+        refused = refusal(code)  # the sandbox's rules, so that both executors show the same observations
+        if refused is not None:
+            return ExecResult(refused, ok=False, calls=(), defined=(), api_ok=0)
         self._sources[origin] = code.splitlines()
         before = dict(self._ns)  # holds references, so a redefined function's id cannot be reused
         out = io.StringIO()
         start = time.perf_counter()
         ok = True
+        self._api_ok = 0
         with contextlib.redirect_stdout(out), CallTracer() as tracer:
+            self._tracer = tracer
             try:
                 exec(compile(code, origin, "exec"), self._ns)  # noqa: S102 - executing agent code is the point
             except KeyboardInterrupt:
@@ -103,6 +123,7 @@ class InProcessExecutor:
             calls=tracer.records(),
             defined=defined,
             duration_s=time.perf_counter() - start,
+            api_ok=self._api_ok,
         )
 
     async def close(self) -> None:

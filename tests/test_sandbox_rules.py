@@ -1,0 +1,217 @@
+"""The rules agent code lives under (sandbox/rules.py; docs/sandbox.md, "What agent code may do"),
+and the call records' ``with_api`` / the parent's ``api_ok`` that the default skill credit reads
+(issue 30, items 4 and 5)."""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+import pytest
+from test_sandbox_support import TEST_LIMITS, FakeWorld, run
+
+from sage_rl.envs.pocketworld import tasks
+from sage_rl.envs.pocketworld.expert import ScriptedExpert
+from sage_rl.envs.pocketworld.scenarios import TEMPLATES
+from sage_rl.envs.pocketworld.scenarios.base import COMMON_SOURCE
+from sage_rl.sandbox import Sandbox
+from sage_rl.sandbox.rules import ALLOWED_MODULES, DENIED_ATTRS, attr_allowed, refusal
+from sage_rl.types import CallRecord, skill_origin
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(TEST_LIMITS) as sb:
+        yield sb
+
+
+REFUSED = {
+    "import gc": "import of 'gc' is not allowed",
+    "import os.path": "import of 'os.path' is not allowed",
+    "from inspect import currentframe": "import from 'inspect' is not allowed",
+    "from datetime import sys": "importing 'sys' from 'datetime' is not allowed",
+    "from math import *": "'from math import *' is not allowed",
+    "from . import x": "import from '.' is not allowed",
+    "f = lambda: 0\nprint(f.__closure__)": "the attribute '__closure__' is not allowed",
+    "print(apis._bridge)": "the attribute '_bridge' is not allowed",
+    "def g():\n    yield 1\nprint(g().gi_frame)": "the attribute 'gi_frame' is not allowed",
+    "try:\n    1 / 0\nexcept Exception as e:\n    t = e.__traceback__": "the attribute '__traceback__' is not allowed",
+    "x = t.tb_next": "the attribute 'tb_next' is not allowed",
+    "import datetime\ndatetime.sys.modules": "the attribute 'sys' is not allowed",
+    "import typing\ntyping.get_type_hints(f)": "the attribute 'get_type_hints' is not allowed",
+    "import string\nstring.Formatter().get_field('0.x', [1], {})": "the attribute 'get_field' is not allowed",
+    "object.__subclasses__()": "the attribute '__subclasses__' is not allowed",
+    "print(__builtins__)": "the name '__builtins__' is not allowed",
+    "__import__('gc')": "the name '__import__' is not allowed",
+    "open(5, 'wb')": "'open' is not allowed",
+    "eval('1')": "'eval' is not allowed",
+    "g = vars": "'vars' is not allowed",
+    "match x:\n    case object(__class__=c):\n        pass": "the attribute '__class__' is not allowed",
+}
+
+
+@pytest.mark.parametrize("code", list(REFUSED))
+def test_refused_cells_name_the_breach(code):
+    why = refusal(code)
+    assert why is not None and why.startswith("RuleError: line ") and REFUSED[code] in why
+    assert "nothing in it ran" in why and why.endswith("\n")
+
+
+def test_the_first_breach_in_reading_order_is_reported():
+    why = refusal("x = 1\nprint(x)\nimport gc\nf.__code__")
+    assert why is not None and why.startswith("RuleError: line 3: import of 'gc'")
+
+
+ALLOWED = [
+    "import json, re, math\nfrom collections import Counter\nfrom datetime import date, timedelta",
+    "import collections.abc\nfrom typing import List, Optional\nfrom functools import reduce",
+    "class A:\n    def __init__(self):\n        super().__init__()\n        self.x = 1\nprint(A.__name__, A.__doc__)",
+    "if __name__ == '__main__':\n    print(getattr(apis, 'music'))",
+    "for _ in range(3):\n    pass",
+    "print('{0.__class__}'.format(1))",  # a format string: text, not an attribute access
+    "def broken(:\n    pass",  # a syntax error: passed on, the worker reports it
+]
+
+
+@pytest.mark.parametrize("code", ALLOWED)
+def test_ordinary_agent_code_is_allowed(code):
+    assert refusal(code) is None
+
+
+@pytest.mark.parametrize("depth", [3000, 100_000])
+def test_nesting_the_parser_cannot_take_is_refused(depth):
+    """RecursionError / MemoryError in the parent's parser: refused (fail closed), never passed on
+    unchecked to a worker whose recursion limit differs."""
+    why = refusal("x = " + "-" * depth + "1")
+    assert why is not None and why.startswith("RuleError: the code is nested too deeply to be checked")
+
+
+def test_every_reference_solution_keeps_the_rules():
+    """The expert's code (the SFT data) and every template's skills must run unchanged."""
+    assert refusal(COMMON_SOURCE) is None
+    for template in TEMPLATES:
+        assert refusal(template.full_skill_source) is None, template.name
+    expert = ScriptedExpert(seed=1)
+    for task in tasks.split_tasks("train")[:60]:
+        for cell in expert.plan(task, ()):
+            assert refusal(cell) is None, (task.task_id, cell)
+
+
+def _modules_reachable() -> dict[str, str]:
+    """path -> module name, for every module reachable from an allowed module by public attributes
+    whose names the rules allow."""
+    out: dict[str, str] = {}
+    todo = [(name, importlib.import_module(name)) for name in sorted(ALLOWED_MODULES)]
+    seen = set()
+    while todo:
+        path, mod = todo.pop()
+        if mod.__name__ in seen:
+            continue
+        seen.add(mod.__name__)
+        for attr, value in vars(mod).items():
+            if isinstance(value, types.ModuleType) and attr_allowed(attr):
+                out[f"{path}.{attr}"] = value.__name__
+                todo.append((f"{path}.{attr}", value))
+    return out
+
+
+def test_allowed_modules_reach_only_allowed_modules():
+    """``datetime.sys`` is a way to ``sys.modules['gc']``: every module an allowed module exposes
+    under an allowed name must itself be allowed (or its name be denied), on this Python."""
+    leaks = {
+        path: name
+        for path, name in _modules_reachable().items()
+        if name not in ALLOWED_MODULES and not name.startswith(tuple(f"{m}." for m in ALLOWED_MODULES))
+    }
+    assert leaks == {}, f"add these attribute names to DENIED_ATTRS or the modules to ALLOWED_MODULES: {leaks}"
+    assert {"f_back", "tb_frame", "gi_frame", "cr_frame", "co_consts", "cell_contents"} <= DENIED_ATTRS
+
+
+# -- in the worker ------------------------------------------------------------------------------------
+
+
+def test_computed_names_are_refused_at_run_time(sandbox):
+    world = FakeWorld()
+    cells = [
+        "try:\n    getattr(apis, '_' + 'bridge')\nexcept RuleError as e:\n    print(e)",
+        "class S(str):\n    pass\ntry:\n    getattr(apis, S('music'))\nexcept TypeError as e:\n    print(e)",
+        "try:\n    hasattr(len, '__' + 'self__')\nexcept RuleError as e:\n    print(hasattr(apis, 'bank'))",
+        "try:\n    setattr(apis, '_x', 1)\nexcept RuleError as e:\n    print('refused')",
+        "print(getattr(apis, 'ba' + 'nk').balance())",
+    ]
+    obs = [r.observation for r in run(sandbox, cells, world)]
+    assert obs[0].startswith("the attribute '_bridge' is not allowed")
+    assert obs[1] == "attribute name must be a str, not S\n"
+    assert obs[2] == "True\n" and obs[3] == "refused\n" and obs[4] == "100\n"
+
+
+def test_the_parent_refuses_before_the_worker_runs_anything(sandbox):
+    world = FakeWorld()
+    r = run(sandbox, ["x = 1", "apis.bank.deposit(amount=50)\nimport gc", "print(x)"], world)
+    assert r[1].observation.startswith("RuleError: line 2: import of 'gc'") and not r[1].ok
+    assert world.log == [] and r[1].calls == () and r[1].api_ok == 0
+    assert r[2].observation == "1\n"  # the namespace is untouched: the worker never saw the cell
+
+
+def test_a_library_skill_that_breaks_the_rules_does_not_load(sandbox):
+    r = run(sandbox, ["import gc\ndef leak():\n    return gc"], FakeWorld())
+    assert r[0].observation.startswith("RuleError: ") and not r[0].ok
+
+
+# -- with_api and api_ok -----------------------------------------------------------------------------
+
+
+def test_with_api_counts_returned_calls_that_made_a_successful_api_call(sandbox):
+    """Worked out by hand: ``fetch`` is called 4 times: returns after an API call (1), raises after
+    one (2), returns after a failed API call only (3), returns through ``inner`` (4); ``pure`` never
+    calls an API; ``inner`` makes the successful call of call 4."""
+    world = FakeWorld()
+    skill = (
+        "def inner():\n    return apis.bank.balance()\n"
+        "def fetch(mode):\n"
+        "    if mode == 'ok':\n        return apis.bank.balance()\n"
+        "    if mode == 'raise':\n        apis.bank.balance()\n        raise ValueError(mode)\n"
+        "    if mode == 'failed':\n        try:\n            apis.bank.nope()\n        except ApiError:\n            return 0\n"
+        "    return inner()\n"
+        "def pure():\n    return 2\n"
+    )
+    cell = (
+        "fetch('ok')\ntry:\n    fetch('raise')\nexcept ValueError:\n    pass\n"
+        "fetch('failed')\nfetch('nested')\npure()\nprint('done')"
+    )
+
+    async def go():
+        session = await sandbox.acquire(world.dispatch)
+        try:
+            await session.execute(skill, skill_origin("fetch"))
+            return await session.execute(cell, "<cell-0>")
+        finally:
+            await session.close()
+
+    import asyncio
+
+    r = asyncio.run(go())
+    assert r.observation == "done\n", r.observation
+    recs = {rec.name: rec for rec in r.calls}
+    assert recs["fetch"] == CallRecord("fetch", skill_origin("fetch"), calls=4, errors=1, with_api=2)
+    assert recs["inner"] == CallRecord("inner", skill_origin("fetch"), calls=1, errors=0, with_api=1)
+    assert recs["pure"] == CallRecord("pure", skill_origin("fetch"), calls=1, errors=0, with_api=0)
+    assert r.api_ok == 3  # ok, raise (its API call succeeded), nested; 'failed' and nope failed
+
+
+def test_in_process_executor_reports_the_same(tmp_path):
+    """``pocketworld.sandbox=false`` (debugging): the same records, the same ``api_ok``."""
+    import asyncio
+
+    from sage_rl.envs.pocketworld.executor import InProcessExecutor
+
+    world = FakeWorld()
+    ex = InProcessExecutor(world.dispatch)
+
+    async def go():
+        await ex.execute("def f():\n    return apis.bank.balance()\ndef g():\n    return 2", skill_origin("f"))
+        return await ex.execute("f()\ng()\nimport gc", "<cell-0>"), await ex.execute("f()\ng()", "<cell-1>")
+
+    refused, r = asyncio.run(go())
+    assert refused.observation.startswith("RuleError: line 3: import of 'gc'")
+    assert {rec.name: rec.with_api for rec in r.calls} == {"f": 1, "g": 0} and r.api_ok == 1
