@@ -115,6 +115,30 @@ def test_step_metrics_and_update():
     assert any(not torch.equal(a, b) for a, b in zip(before, tr.model.parameters(), strict=True))
 
 
+def test_warmup_by_hand_and_through_the_trainer():
+    from sage_rl.train.optim import warmup_lr
+
+    assert [warmup_lr(1e-3, u, 4) for u in (1, 2, 4, 9)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3])
+    assert warmup_lr(1e-3, 1, 0) == 1e-3
+    with pytest.raises(ValueError, match="from 1"):
+        warmup_lr(1e-3, 0, 4)
+    # Adam's first update moves every parameter by ~lr whatever the gradient's size, so the first
+    # update's size scales with the warmed-up lr: a quarter of it at warmup_steps=4.
+    moved = {}
+    for warm in (0, 4):
+        tr = Trainer(small_model(), None, TrainerConfig(lr=1e-2, micro_batch_size=5, warmup_steps=warm))
+        before = [p.detach().clone() for p in tr.model.parameters()]
+        lrs = [tr.step(batch(), num_chains=5)["lr"]]
+        moved[warm] = max(float((p.detach() - b).abs().max()) for p, b in zip(tr.model.parameters(), before, strict=True))
+        lrs += [tr.step(batch(), num_chains=5)["lr"] for _ in range(4)]
+        assert lrs == pytest.approx([1e-2] * 5 if warm == 0 else [2.5e-3, 5e-3, 7.5e-3, 1e-2, 1e-2])
+    assert moved[4] == pytest.approx(moved[0] / 4, rel=1e-3)
+    # a step with no signal makes no update, so it does not advance the warm-up
+    tr = Trainer(small_model(), None, TrainerConfig(lr=1e-2, micro_batch_size=5, warmup_steps=4))
+    tr.step([replace(s, advantage=0.0) for s in batch()], num_chains=5)
+    assert tr.step(batch(), num_chains=5)["lr"] == pytest.approx(2.5e-3)
+
+
 def test_logprob_mismatch_against_the_sampler():
     model = small_model()
     ids = [1, 5, 6, 7, 8]

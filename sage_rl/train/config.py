@@ -31,7 +31,10 @@ class LoraConfig(Section):
 
 
 class TrainerConfig(Section):
-    lr: float = Field(1e-6, gt=0, description="constant learning rate (the paper's, at 32B)")
+    lr: float = Field(1e-6, gt=0, description="learning rate after warm-up (the paper's, constant, at 32B)")
+    warmup_steps: int = Field(
+        0, ge=0, description="linear warm-up over this many updates (lr * u / warmup_steps); 0 = constant lr"
+    )
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0, description="max global gradient norm")

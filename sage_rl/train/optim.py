@@ -1,5 +1,5 @@
-"""The optimizer, shared by the GRPO trainer and SFT: AdamW over the trainable parameters, and
-one step of it (clip the global gradient norm, step, clear the gradients)."""
+"""The optimizer, shared by the GRPO trainer and SFT: AdamW over the trainable parameters, one
+step of it (clip the global gradient norm, step, clear the gradients), and the linear warm-up."""
 
 from __future__ import annotations
 
@@ -29,3 +29,23 @@ def optimizer_step(optimizer: torch.optim.Optimizer, grad_clip: float, lr: float
     optimizer.step()  # whoever samples from these weights is told by the caller (the loop's sync)
     optimizer.zero_grad(set_to_none=True)
     return grad_norm
+
+
+def warmup_lr(lr: float, update: int, warmup_steps: int) -> float:
+    """The learning rate of the ``update``-th update (1-based): ``lr * min(1, update / warmup_steps)``,
+    ``lr`` itself when ``warmup_steps`` is 0. Adam's first updates have full size whatever the
+    gradient's scale, so a weak RL gradient moves the weights as far as a strong one (issue 27)."""
+    if update < 1:
+        raise ValueError(f"updates count from 1, got {update}")
+    return lr if warmup_steps <= 0 else lr * min(1.0, update / warmup_steps)
+
+
+def updates_made(optimizer: torch.optim.Optimizer) -> int:
+    """How many updates ``optimizer`` has made: Adam's own step count, which a checkpoint restores
+    with the optimizer's state (0 before the first)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            step = optimizer.state.get(p, {}).get("step")
+            if step is not None:
+                return int(step)
+    return 0

@@ -39,7 +39,7 @@ from sage_rl.data.records import ChatExample, DatasetError
 from sage_rl.train.checkpoint import save_model
 from sage_rl.train.logging import MetricsLogger
 from sage_rl.train.lora import with_lora
-from sage_rl.train.optim import build_optimizer, optimizer_step
+from sage_rl.train.optim import build_optimizer, optimizer_step, warmup_lr
 from sage_rl.train.sft_config import SFTConfig, SFTLora
 from sage_rl.train.sft_data import (
     Batch,
@@ -194,7 +194,7 @@ def lr_at(step: int, total: int, cfg: SFTConfig) -> float:
     """Linear warmup over ``warmup_steps``, then constant or cosine decay to 0 at ``total``."""
     o = cfg.optim
     if step < o.warmup_steps:
-        return o.lr * (step + 1) / o.warmup_steps
+        return warmup_lr(o.lr, step + 1, o.warmup_steps)
     if o.schedule == "constant":
         return o.lr
     progress = (step - o.warmup_steps) / max(1, total - o.warmup_steps)

@@ -35,7 +35,7 @@ from sage_rl.train.config import LoraConfig, TrainerConfig
 from sage_rl.train.logprobs import ChunkedHead, token_logprobs
 from sage_rl.train.lora import with_lora
 from sage_rl.train.loss import LossOutput, clipped_surrogate, tis_weights
-from sage_rl.train.optim import build_optimizer, optimizer_step
+from sage_rl.train.optim import build_optimizer, optimizer_step, updates_made, warmup_lr
 from sage_rl.train.prefix import KV, StepPrefix, as_cache, prefix_kv, shareable_len, supported
 from sage_rl.types import Sample
 
@@ -178,13 +178,14 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         stats = self.accumulate_gradients(samples, num_chains)
         updated = stats.forward_tokens > 0
-        grad_norm = optimizer_step(self.optimizer, self.cfg.grad_clip) if updated else 0.0
+        lr = warmup_lr(self.cfg.lr, updates_made(self.optimizer) + 1, self.cfg.warmup_steps)
+        grad_norm = optimizer_step(self.optimizer, self.cfg.grad_clip, lr) if updated else 0.0
         self.global_step += 1
         elapsed = time.perf_counter() - t0
         return {
             **stats.as_metrics(),
             "grad_norm": grad_norm,
-            "lr": self.cfg.lr,
+            "lr": lr,
             "updated": float(updated),
             "samples": float(len(samples)),
             "samples_run": float(stats.samples_run),
