@@ -4,7 +4,9 @@ Small models emit code in many shapes. We accept, in this order of preference:
 1. fenced blocks (```python ... ``` or bare ``` ... ```), several of them joined in order, and a
    final fence left unclosed (the model hit the token limit or forgot it);
 2. ``<code> ... </code>`` tags (also unclosed);
-3. a bare reply that parses as Python and contains a call or a definition (no prose).
+3. a bare reply that parses as Python and contains a call or a definition (no prose). A reply
+   that Python cannot parse for any reason (a syntax error, a null byte, nesting too deep for the
+   parser, ``agent/syntax.py``) is not code.
 Anything else is "no code": the agent loop answers with a corrective observation and the turn is
 recorded with ``code=None`` (SAGE.md section 1: the turn still counts).
 """
@@ -15,6 +17,8 @@ import ast
 import enum
 import re
 from dataclasses import dataclass
+
+from sage_rl.agent.syntax import CodeError, parse_code
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _TAG = re.compile(r"<code>\s*(.*?)\s*(?:</code>|\Z)", re.DOTALL | re.IGNORECASE)
@@ -68,8 +72,7 @@ def _looks_like_code(text: str) -> bool:
     stripped = text.strip()
     if not stripped:
         return False
-    try:
-        tree = ast.parse(stripped)
-    except (SyntaxError, ValueError):
+    tree = parse_code(stripped)
+    if isinstance(tree, CodeError):
         return False
     return any(isinstance(n, (ast.Call, ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(tree))

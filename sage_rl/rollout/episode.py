@@ -18,6 +18,7 @@ import time
 from pydantic import Field
 
 from sage_rl.agent.parse import NO_CODE_OBSERVATION, parse_reply
+from sage_rl.agent.syntax import CodeError, parse_code
 from sage_rl.config import Section
 from sage_rl.envs.base import Environment
 from sage_rl.policies.base import Policy, PolicyRequest, SamplingParams
@@ -85,7 +86,7 @@ async def run_episode(
         t1 = time.perf_counter()
         code = parse_reply(completion.text).code
         try:
-            result = await env.execute(code, cell_origin(step)) if code else NO_CODE_RESULT
+            result = await _execute(env, code, step)
         except Exception as e:  # the environment itself failed (agent-code errors are observations)
             return end(StopReason.ENV_ERROR, e)
         obs_ids = renderer.observation_ids(result.observation, completion.token_ids) if renderer else []
@@ -98,6 +99,17 @@ async def run_episode(
         if env.completed:
             return end(StopReason.COMPLETED)
     return end(StopReason.STEP_LIMIT)
+
+
+async def _execute(env: Environment, code: str | None, step: int) -> ExecResult:
+    """Run the turn's cell. A turn without code, or with code nested too deeply for the parent to
+    analyse (``agent/syntax.py``), runs nothing and fails with an observation saying so."""
+    if not code:
+        return NO_CODE_RESULT
+    tree = parse_code(code)
+    if isinstance(tree, CodeError) and tree.too_deep:
+        return ExecResult(tree.message, ok=False)
+    return await env.execute(code, cell_origin(step))
 
 
 def turn_room(cfg: AgentConfig, context_used: int, generated: int) -> tuple[int, StopReason]:

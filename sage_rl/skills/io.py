@@ -126,6 +126,8 @@ def parse_skill_file(text: str, default_name: str) -> Skill:
         tree = ast.parse(body)
     except SyntaxError as e:
         raise _FileError(body_start + (e.lineno or 1), f"does not parse: {e.msg}") from None
+    except (ValueError, RecursionError, MemoryError) as e:  # a null byte; nesting too deep to parse
+        raise _FileError(body_start + 1, f"does not parse ({type(e).__name__})") from None
     name = header["name"][1] if "name" in header else default_name
     try:
         import_nodes, f = split_definition(tree, name)

@@ -16,6 +16,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sage_rl.agent.syntax import CodeError, parse_code
+
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 
 
@@ -180,12 +182,9 @@ def make_skill(
 
 def function_node(source: str, name: str | None = None) -> FunctionNode:
     """The top-level function called ``name`` in ``source`` (the only/last one when ``name`` is None)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as e:
-        raise SkillError(f"skill {name or '?'}: source does not parse (line {e.lineno}: {e.msg})") from None
-    except (ValueError, RecursionError, MemoryError) as e:  # null bytes, absurd nesting
-        raise SkillError(f"skill {name or '?'}: source does not parse ({type(e).__name__})") from None
+    tree = parse_code(source)
+    if isinstance(tree, CodeError):  # a syntax error, a null byte, or nesting too deep to analyse
+        raise SkillError(f"skill {name or '?'}: source does not parse ({tree.message})")
     funcs = [n for n in tree.body if isinstance(n, FunctionNode) and (name is None or n.name == name)]
     if not funcs:
         raise SkillError(f"skill {name or '?'}: source holds no top-level function {name or ''}".rstrip())
@@ -222,9 +221,8 @@ def split_definition(tree: ast.Module, name: str) -> tuple[list[ast.Import | ast
 def _definition_only(source: str, name: str) -> None:
     """``split_definition`` for a record's ``source`` (``SkillError``); text that does not parse or
     holds no function ``name`` is left to ``make_skill``, which says so."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
+    tree = parse_code(source)
+    if isinstance(tree, CodeError):
         return
     if not any(isinstance(n, FunctionNode) and n.name == name for n in tree.body):
         return
@@ -341,11 +339,10 @@ def _strings(d: Mapping[str, Any], key: str, valid: Any, what: str) -> tuple[str
 
 def _is_import(text: str) -> bool:
     """One ``import``/``from ... import`` statement and nothing else (imports run before each task)."""
-    try:
-        body = ast.parse(text).body
-    except (SyntaxError, ValueError, RecursionError):
+    tree = parse_code(text)
+    if isinstance(tree, CodeError):
         return False
-    return len(body) == 1 and isinstance(body[0], ast.Import | ast.ImportFrom)
+    return len(tree.body) == 1 and isinstance(tree.body[0], ast.Import | ast.ImportFrom)
 
 
 def _int_field(d: Mapping[str, Any], key: str, default: int, low: int = 0, where: str = "") -> int:

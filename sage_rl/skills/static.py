@@ -21,7 +21,8 @@ task defined, or to something else. The rules (docs/skills.md, "Static detection
 - every branch of ``if``/``try``/loops is assumed to run once, in source order, and a cell that
   failed part-way is assumed to have run entirely (the failing line is not known statically);
   ``lambda`` bodies never run (``g = lambda: skill()`` is not a use, even if ``g`` is called
-  later); cells with syntax errors run nothing.
+  later); cells with syntax errors run nothing, and so do cells nested too deeply to analyse
+  (``agent/syntax.py``: the agent loop does not run them).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import ast
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from sage_rl.agent.syntax import CodeError, parse_code
 from sage_rl.skills.record import FunctionNode
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
@@ -50,11 +52,10 @@ class Binding:
 
 
 def parse_cell(code: str) -> ast.Module | None:
-    """The cell's syntax tree, or None when it does not parse (then it executed nothing)."""
-    try:
-        return ast.parse(code)
-    except (SyntaxError, ValueError):  # ValueError: source with null bytes
-        return None
+    """The cell's syntax tree, or None when it does not parse or nests too deeply (then it executed
+    nothing: the agent loop does not run a cell that is too deep, ``agent/syntax.py``)."""
+    tree = parse_code(code)
+    return None if isinstance(tree, CodeError) else tree
 
 
 class CallSimulator:
@@ -128,13 +129,16 @@ class CallSimulator:
             self.ns[name] = None
 
     def _call(self, name: str, out: dict[int, Binding], seen: set[int]) -> None:
-        binding = self.ns.get(name)
-        if binding is None or id(binding) in seen:
-            return
-        seen.add(id(binding))
-        out.setdefault(id(binding), binding)
-        for callee in self._global_calls(binding.node):
-            self._call(callee, out, seen)
+        # depth-first in call order, with an explicit stack: a chain of thousands of functions
+        # calling each other must not exhaust Python's recursion limit
+        todo = [name]
+        while todo:
+            binding = self.ns.get(todo.pop())
+            if binding is None or id(binding) in seen:
+                continue
+            seen.add(id(binding))
+            out.setdefault(id(binding), binding)
+            todo.extend(reversed(list(self._global_calls(binding.node))))
 
     def _global_calls(self, fn: FunctionNode) -> frozenset[str]:
         if fn not in self._calls_cache:
@@ -149,27 +153,48 @@ def global_calls(
     outer_defs: Mapping[str, FunctionNode] | None = None,
 ) -> set[str]:
     """Global names that calling ``fn`` calls, following the nested defs that its body calls
-    (its own, and those of enclosing functions it can see: a sibling helper counts when called)."""
+    (its own, and those of enclosing functions it can see: a sibling helper counts when called).
+    Depth-first with an explicit stack of generators (``_own_calls``): thousands of sibling
+    helpers calling each other must not exhaust Python's recursion limit."""
     seen = set() if seen is None else seen
+    result: set[str] = set()
+    stack = [_own_calls(fn, enclosing, outer_defs or {}, seen)]
+    while stack:
+        step = next(stack[-1], None)
+        if step is None:
+            stack.pop()
+        elif isinstance(step, str):
+            result.add(step)
+        else:  # a nested def to follow now, before the rest of this body
+            stack.append(_own_calls(*step, seen))
+    return result
+
+
+def _own_calls(
+    fn: FunctionNode, enclosing: frozenset[str], outer_defs: Mapping[str, FunctionNode], seen: set[int]
+) -> Iterator[str | tuple[FunctionNode, frozenset[str], Mapping[str, FunctionNode]]]:
+    """One function's step of ``global_calls``: yields the global names its body calls, and
+    (nested def, names local to the caller, defs it can see) for each nested def to follow."""
     seen.add(id(fn))
     own = local_names(fn)
     own_defs = {
         s.name: s for s in _scope_nodes(fn.body) if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)
     }
     shadowed = own - own_defs.keys()  # bound here by something else than a def: hides outer defs
-    defs = {k: v for k, v in (outer_defs or {}).items() if k not in shadowed} | own_defs
-    local = own | enclosing
-    result: set[str] = set()
+    hidden = shadowed & outer_defs.keys()
+    defs = outer_defs  # shared when unchanged: linear, not quadratic, in sibling helpers
+    if hidden or own_defs:
+        defs = {k: v for k, v in outer_defs.items() if k not in hidden} | own_defs
+    local = enclosing | own if own else enclosing
     for n in _scope_nodes(fn.body):
         if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Name)):
             continue
         name = n.func.id
         if name in defs and name not in shadowed:
             if id(defs[name]) not in seen:
-                result |= global_calls(defs[name], frozenset(local), seen, defs)
+                yield defs[name], local, defs
         elif name not in local:
-            result.add(name)
-    return result
+            yield name
 
 
 def local_names(fn: FunctionNode) -> set[str]:

@@ -360,6 +360,6 @@ def _scrub_environment(scratch: str, root: str) -> None:
 def _top_level_defs(code: str) -> list[str]:
     try:
         tree = ast.parse(code)
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # a null byte; nesting too deep
         return []
     return [n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
