@@ -9,8 +9,12 @@ import os
 import socket
 
 import pytest
-from test_sandbox_support import rules_off  # noqa: F401  (a fixture, used by name below)
-from test_sandbox_support import TEST_LIMITS, FakeWorld, run
+from test_sandbox_support import (
+    TEST_LIMITS,
+    FakeWorld,
+    rules_off,  # noqa: F401  (a fixture, used by name below)
+    run,
+)
 
 from sage_rl.config import ConfigError, load_config
 from sage_rl.sandbox import IsolationReport, Sandbox, SandboxLimits

@@ -15,7 +15,6 @@ import asyncio
 import os
 
 import pytest
-from test_sandbox_support import rules_off  # noqa: F401  (a fixture, used by name below)
 from test_sandbox_support import (
     PID,
     RESTARTED,
@@ -25,6 +24,7 @@ from test_sandbox_support import (
     hostile,
     kept,
     restarted,
+    rules_off,  # noqa: F401  (a fixture, used by name below)
 )
 
 from sage_rl.sandbox import Sandbox

@@ -10,7 +10,6 @@ import os
 import stat
 
 import pytest
-from test_sandbox_support import rules_off  # noqa: F401  (a fixture, used by name below)
 from test_sandbox_support import (
     PID,
     RESTARTED,
@@ -20,6 +19,7 @@ from test_sandbox_support import (
     hostile,
     kept,
     restarted,
+    rules_off,  # noqa: F401  (a fixture, used by name below)
     run,
 )
 

@@ -9,8 +9,14 @@ import os
 from types import SimpleNamespace
 
 import pytest
-from test_sandbox_support import rules_off  # noqa: F401  (a fixture, used by name below)
-from test_sandbox_support import PID, TEST_LIMITS, FakeWorld, assert_trainer_unharmed, run
+from test_sandbox_support import (
+    PID,
+    TEST_LIMITS,
+    FakeWorld,
+    assert_trainer_unharmed,
+    rules_off,  # noqa: F401  (a fixture, used by name below)
+    run,
+)
 
 from sage_rl.sandbox import Sandbox
 from sage_rl.sandbox.landlock import abi_version

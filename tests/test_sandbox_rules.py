@@ -123,7 +123,9 @@ def test_allowed_modules_reach_only_allowed_modules():
         for path, name in _modules_reachable().items()
         if name not in ALLOWED_MODULES and not name.startswith(tuple(f"{m}." for m in ALLOWED_MODULES))
     }
-    assert leaks == {}, f"add these attribute names to DENIED_ATTRS or the modules to ALLOWED_MODULES: {leaks}"
+    assert leaks == {}, (
+        f"add these attribute names to DENIED_ATTRS or the modules to ALLOWED_MODULES: {leaks}"
+    )
     assert {"f_back", "tb_frame", "gi_frame", "cr_frame", "co_consts", "cell_contents"} <= DENIED_ATTRS
 
 
@@ -209,7 +211,9 @@ def test_in_process_executor_reports_the_same(tmp_path):
     ex = InProcessExecutor(world.dispatch)
 
     async def go():
-        await ex.execute("def f():\n    return apis.bank.balance()\ndef g():\n    return 2", skill_origin("f"))
+        await ex.execute(
+            "def f():\n    return apis.bank.balance()\ndef g():\n    return 2", skill_origin("f")
+        )
         return await ex.execute("f()\ng()\nimport gc", "<cell-0>"), await ex.execute("f()\ng()", "<cell-1>")
 
     refused, r = asyncio.run(go())

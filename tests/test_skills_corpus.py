@@ -23,7 +23,6 @@ from sage_rl.skills import (
     used_skills_static,
 )
 
-
 PAPER = SkillCredit.PAPER
 
 

@@ -6,7 +6,8 @@ SAGE.md section 4. Inputs per chain of K tasks (position k counted from 0):
   PocketWorld counts "no collateral changes" only once the task's own checks pass, docs/algorithm.md);
 - ``successes[k]``: 1[r^k = 1] (taken from ``Outcome.success``, never from a float comparison);
 - ``produced_code[k]``: whether trajectory k produced any code;
-- ``used_from[k]``: the positions j < k whose skills task k used (``Chain.used_from``).
+- ``used_from[k]``: the positions j < k whose skills task k used (``Chain.used_from``; what counts
+  as a use is decided when the chain runs, under ``skills.credit``: docs/algorithm.md).
 
 Skill-integrated reward, K = 2 (the paper's formula, with use = 1 iff ``used_from[1]`` holds 0)::
 
