@@ -67,6 +67,17 @@ class SamplingConfig(Section):
 
 class PocketWorldConfig(Section):
     sandbox: bool = True  # run agent code in the sandbox worker (in-process only for debugging)
+    #: A scope of train templates (null = all 30): ``train`` and ``train_heldout`` list and sample
+    #: only these (``recipe.templates`` sets it for every stage of the recipe).
+    templates: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _known_templates(self) -> PocketWorldConfig:
+        if self.templates is not None:
+            from sage_rl.envs.pocketworld.env import check_scope
+
+            check_scope(self.templates)
+        return self
 
 
 class RunConfig(Section):
@@ -92,6 +103,12 @@ class RunConfig(Section):
                 check_policy(self.policy.kind)
             except SetupError as e:  # a config error: named at load, before anything starts
                 raise ValueError(str(e)) from None
+        return self
+
+    @model_validator(mode="after")
+    def _scope_is_pocketworlds(self) -> RunConfig:
+        if self.env != "pocketworld" and self.pocketworld.templates is not None:
+            raise ValueError(f"pocketworld.templates scopes PocketWorld's train templates; env is {self.env}")
         return self
 
     @model_validator(mode="after")
@@ -145,6 +162,9 @@ class RecipeEval(Section):
     splits: list[str] = Field(["train_heldout", "dev"], min_length=1)
     scenarios: int | None = Field(None, ge=1, description="the first N scenarios of each split; null = all")
     concurrency: int = Field(8, ge=1, description="scenarios in flight")
+    #: The base model's generated tokens per task (null = ``agent.token_budget``): it does not
+    #: follow the format and writes until any budget ends, so a smaller one only saves time.
+    base_token_budget: int | None = Field(None, ge=1)
 
 
 class RecipeSettings(Section):
@@ -152,9 +172,20 @@ class RecipeSettings(Section):
     that does not exist yet, make it (expert collection, SFT) and then train, evaluating before and
     after each stage."""
 
+    #: The curriculum (PocketWorld): the train templates that collection, SFT, SAGE's rollouts and
+    #: the ``train_heldout`` evaluations draw (``pocketworld.templates`` of every stage); null = all.
+    templates: list[str] | None = None
     collect: RecipeCollect = RecipeCollect()
     sft: RecipeSFT = RecipeSFT()
     eval: RecipeEval = RecipeEval()
+
+    @model_validator(mode="after")
+    def _known_templates(self) -> RecipeSettings:
+        if self.templates is not None:
+            from sage_rl.envs.pocketworld.env import check_scope
+
+            check_scope(self.templates)
+        return self
 
 
 class TrainConfig(RunConfig, LoopConfig):

@@ -15,7 +15,10 @@ scenario-ordered. A stage whose output exists is skipped, so ``--resume`` contin
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import dataclasses
+import gc
 import json
 import time
 from collections.abc import Callable
@@ -167,6 +170,7 @@ def run(cfg: TrainConfig, resume: bool) -> dict[str, Any]:
     ``FileExistsError``."""
     if cfg.recipe is None or not cfg.init_from:
         raise RecipeError("the recipe needs a `recipe:` section and `init_from` (configs/quickstart.yaml)")
+    cfg = with_curriculum(cfg)
     r, lay = cfg.recipe, Layout(Path(cfg.out_dir))
     if lay.root.is_dir() and any(lay.root.iterdir()) and not resume:
         raise FileExistsError(f"{lay.root} holds a run already")
@@ -193,15 +197,39 @@ def run(cfg: TrainConfig, resume: bool) -> dict[str, Any]:
         entry["result"] = result
         entry.setdefault("wall_s", round(time.perf_counter() - t0, 1))  # a skipped stage keeps its time
         _save_state(lay.root, state)
+        release_memory()  # the next stage loads its own model
     summary = write_report(lay.root, cfg, state)
     err.print(f"recipe done; report: {lay.root / 'report.md'}")
     return summary
+
+
+def release_memory() -> None:
+    """Collect what the finished stage left and hand glibc's freed heap back to the OS
+    (``malloc_trim``), so that the process's resident memory between stages is what the next
+    stage holds, not the high-water mark of the ones before (docs/LOG.md, issue 32)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def with_curriculum(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with ``recipe.templates`` (the curriculum) as every stage's ``pocketworld.templates``:
+    collection, SFT data, SAGE's rollouts and the ``train_heldout`` evaluations draw only them."""
+    if cfg.recipe is None or cfg.recipe.templates is None:
+        return cfg
+    data = cfg.model_dump(mode="json")
+    data["pocketworld"] = {**data["pocketworld"], "templates": list(cfg.recipe.templates)}
+    return TrainConfig.model_validate(data)
 
 
 def _evaluate_all(cfg: TrainConfig, r: RecipeSettings, lay: Layout, stage: str, model: str | None) -> dict:
     out = {}
     for split in r.eval.splits:
         ev = eval_config(cfg, model, split, r.eval.scenarios, r.eval.concurrency, lay.eval(stage, split))
+        if stage == "base" and r.eval.base_token_budget is not None:  # it writes until its budget
+            ev = ev.model_copy(
+                update={"agent": ev.agent.model_copy(update={"token_budget": r.eval.base_token_budget})}
+            )
         out[split] = evaluate(ev)
     return out
 

@@ -106,6 +106,68 @@ def _f(x: Any) -> str:
     return f"{x:.3f}" if isinstance(x, int | float) else "-"
 
 
+#: Where the full comparison lives (all 30 train templates, SAGE against GRPO, 90 held-out tasks).
+LAPTOP_EXPERIMENT = "benchmarks/laptop_recipe.py (docs/results/laptop_recipe.json and .png, docs/recipe.md)"
+
+
+def scope_text(cfg: Any) -> str:
+    """What the run trained on, in words: the curriculum's templates or all of them."""
+    scope = cfg.recipe.templates
+    if scope is None:
+        return f"every train template of {cfg.env}"
+    return f"{len(scope)} {cfg.env} train template{'s' if len(scope) != 1 else ''} ({', '.join(scope)})"
+
+
+def headline(cfg: Any, state: Mapping[str, Any]) -> str:
+    """The one sentence of what was trained, on what, and what the figures mean."""
+    model = cfg.policy.model or "SmolLM2-135M-Instruct (the embedded model)"
+    examples = (state.get("collect", {}).get("result") or {}).get("examples", "the")
+    sft_steps = (state.get("sft", {}).get("result") or {}).get("steps", "?")
+    sage_steps = (state.get("sage", {}).get("result") or {}).get("steps", cfg.steps)
+    first = next((state[k]["result"] for k, _ in EVALS if k in state), {})
+    held = ", ".join(f"{v['metrics']['tasks']} {s} tasks" for s, v in first.items())
+    return (
+        f"{model} was fine-tuned for {sft_steps} steps on {examples} scripted-expert examples of "
+        f"{scope_text(cfg)}, then trained with SAGE for {sage_steps} RL steps; each figure is the "
+        f"share of tasks (TGC) or whole scenarios (SGC) that the model completes, greedy, on "
+        f"{held or 'its evaluation tasks'} that no stage trained on ({_splits_text(first)}), with 95% "
+        "bootstrap intervals."
+    )
+
+
+#: What each evaluation split holds, for the headline.
+SPLIT_TEXT = {
+    "train_heldout": "`train_heldout`: unseen scenarios of the trained templates",
+    "dev": "`dev`: templates never trained on",
+}
+
+
+def _splits_text(results: Mapping[str, Any]) -> str:
+    return "; ".join(SPLIT_TEXT.get(s, f"`{s}`") for s in results) or "held out"
+
+
+def protocol(cfg: Any) -> list[str]:
+    """The settings a reader needs to read the figures: scope, budgets, threads, the full experiment."""
+    budget = cfg.recipe.eval.base_token_budget
+    base = (
+        f"the base model's evaluation is capped at {budget} generated tokens per task (it does not "
+        f"follow the format and writes until any budget ends; the other models get {cfg.agent.token_budget})"
+        if budget is not None and budget != cfg.agent.token_budget
+        else f"every model gets {cfg.agent.token_budget} generated tokens per task"
+    )
+    threads = cfg.policy.threads or "torch's default (one per core)"
+    return [
+        f"- Scope: {scope_text(cfg)} (`recipe.templates`; `recipe.templates=null` widens it to all 30).",
+        f"- Budgets: {base}.",
+        f"- torch threads: {threads} (`policy.threads`).",
+        "- Every evaluation is greedy and scenario-ordered, the same prompt and limits for every model. "
+        "TGC and SGC: value [95% percentile bootstrap that resamples whole scenarios (a scenario's tasks "
+        "are correlated), 2,000 resamples, seed 0; docs/metrics.md]: with few scenarios it is wide.",
+        f"- The full comparison (all 30 train templates, SAGE against GRPO at equal sampled tokens, 90 "
+        f"held-out tasks and 24 of unseen templates) is the laptop experiment: {LAPTOP_EXPERIMENT}.",
+    ]
+
+
 def write_report(root: Path, cfg: Any, state: Mapping[str, Any]) -> dict[str, Any]:
     """Write ``report.md``, ``report.png`` and ``summary.json`` under ``root``; returns the summary."""
     splits = list(cfg.recipe.eval.splits)
@@ -113,10 +175,11 @@ def write_report(root: Path, cfg: Any, state: Mapping[str, Any]) -> dict[str, An
     lines = [
         f"# sage-rl recipe: {root}",
         "",
-        f"Expert collection -> SFT -> SAGE on {cfg.env} with {cfg.policy.model or 'the embedded SmolLM2'}, "
-        f"{total / 60:.1f} min of stages. Every evaluation is greedy and scenario-ordered, the same "
-        "prompt and limits for every model. TGC and SGC: value [95% percentile bootstrap over tasks / "
-        "scenarios, 2,000 resamples, seed 0].",
+        headline(cfg, state),
+        "",
+        f"Expert collection -> SFT -> SAGE on {cfg.env}, {total / 60:.1f} min of stages.",
+        "",
+        *protocol(cfg),
         "",
         "## What each stage changed",
         "",
@@ -125,7 +188,7 @@ def write_report(root: Path, cfg: Any, state: Mapping[str, Any]) -> dict[str, An
         lines += comparison(state, split)
     lines += ["## Stages", "", *stage_rows(state), "", "![stages](report.png)", ""]
     (root / "report.md").write_text("\n".join(lines))
-    plot(root, state, splits)
+    plot(root, state, splits, title=plot_title(cfg, state))
     summary = {
         "wall_s": round(total, 1),
         "stages": {k: e.get("wall_s") for k, e in state.items()},
@@ -147,8 +210,21 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def plot(root: Path, state: Mapping[str, Any], splits: Sequence[str]) -> None:
-    """TGC (with intervals) by stage and split; SFT train and held-out loss; RL reward by position."""
+def plot_title(cfg: Any, state: Mapping[str, Any]) -> str:
+    """The figure's two-line title: what was trained on what, what the bars are, where the rest is."""
+    first = next((state[k]["result"] for k, _ in EVALS if k in state), {})
+    tasks = " + ".join(f"{v['metrics']['tasks']} {s}" for s, v in first.items())
+    model = cfg.policy.model or "SmolLM2-135M"
+    return (
+        f"{model}: expert SFT, then SAGE, on {scope_text(cfg)}; bars: TGC on {tasks or 'held-out'} tasks "
+        "never trained on (95% CI)\nFull comparison (30 templates, SAGE vs GRPO): "
+        "docs/results/laptop_recipe.png (benchmarks/laptop_recipe.py)"
+    )
+
+
+def plot(root: Path, state: Mapping[str, Any], splits: Sequence[str], title: str = "") -> None:
+    """TGC (with intervals) by stage and split; SFT train and held-out loss; RL reward by position;
+    ``title`` above them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,6 +257,8 @@ def plot(root: Path, state: Mapping[str, Any], splits: Sequence[str]) -> None:
     ax3.legend(fontsize=7)
     for ax in (ax1, ax2, ax3):
         ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(root / "report.png", dpi=110)
     plt.close(fig)

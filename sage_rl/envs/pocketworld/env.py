@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 from sage_rl.envs.pocketworld import tasks
 from sage_rl.envs.pocketworld.executor import IN_PROCESS, Executor, Executors
+from sage_rl.envs.pocketworld.scenarios.base import TASKS_PER_SCENARIO
 from sage_rl.envs.pocketworld.world import Db, World
 from sage_rl.types import ExecResult, Outcome, Task
 
@@ -57,23 +59,63 @@ class PocketWorldEnv:
             await executor.close()
 
 
+#: The splits a template scope narrows: the train templates' own (``dev`` and the test splits hold
+#: other templates, which a scope of train templates leaves as they are).
+SCOPED_SPLITS = ("train", tasks.HELDOUT_SPLIT)
+
+
+def check_scope(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` as a scope of train templates; a ``ValueError`` naming the first one that is not a
+    train template (or a repeat, or an empty scope)."""
+    train = [t.name for t in tasks.templates("train")]
+    if not names:
+        raise ValueError("a template scope needs at least one train template (null = all of them)")
+    for name in names:
+        if name not in train:
+            raise ValueError(
+                f"{name!r} is not a train template of pocketworld; choose from {', '.join(train)}"
+            )
+    if len(set(names)) != len(names):
+        raise ValueError(f"templates repeat in {list(names)}")
+    return tuple(names)
+
+
 class PocketWorldSuite:
     """PocketWorld's tasks: fixed evaluation splits and unlimited train chains.
 
-    It owns nothing that needs closing: the sandbox behind ``executors`` belongs to whoever made it.
+    ``templates`` (a scope of train templates, None = all) narrows ``train`` and ``train_heldout``
+    to those templates: collection, RL rollouts and held-out evaluation then draw only them (the
+    main job's laptop curriculum, docs/recipe.md). It owns nothing that needs closing: the sandbox
+    behind ``executors`` belongs to whoever made it.
     """
 
     name = "pocketworld"
     prompt_dir = None  # the agent's default templates
 
-    def __init__(self, executors: Executors = IN_PROCESS) -> None:
+    def __init__(self, executors: Executors = IN_PROCESS, templates: Sequence[str] | None = None) -> None:
         self._executors = executors
+        self._scope = None if templates is None else check_scope(templates)
 
     def split(self, split: str) -> tuple[Task, ...]:
-        return tasks.split_tasks(split)
+        listed = tasks.split_tasks(split)
+        if self._scope is None or split not in SCOPED_SPLITS:
+            return listed
+        return tuple(t for t in listed if t.spec["template"] in self._scope)
 
     def sample_chain(self, rng: random.Random, length: int, split: str = "train") -> tuple[Task, ...]:
-        return tasks.sample_chain(rng, length, split)
+        if self._scope is None or split not in SCOPED_SPLITS:
+            return tasks.sample_chain(rng, length, split)
+        if split == "train":  # as tasks.sample_chain, from the scope's templates only
+            template = tasks.BY_NAME[self._scope[rng.randrange(len(self._scope))]]
+            seed = rng.randrange(tasks.TRAIN_SEEDS.start, tasks.TRAIN_SEEDS.stop)
+            return tasks.scenario_tasks(template, seed, length)
+        if length > TASKS_PER_SCENARIO:
+            raise ValueError(
+                f"evaluation scenarios have {TASKS_PER_SCENARIO} tasks; asked for length={length}"
+            )
+        listed = self.split(split)
+        start = TASKS_PER_SCENARIO * rng.randrange(len(listed) // TASKS_PER_SCENARIO)
+        return listed[start : start + length]
 
     def worked_example(self, template: str = "phone_count_relationship") -> tuple[str, tuple[str, ...]]:
         """(instruction, code cells) of a solved *train* task, for the prompt's worked example.

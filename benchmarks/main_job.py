@@ -1,0 +1,135 @@
+"""Re-measures the main job, ``sage-rl train`` with no arguments (issue 32): wall time, peak RSS,
+each stage's time and the report's held-out figures, as one JSON line and a Markdown table.
+
+    .venv/bin/python benchmarks/main_job.py                       # a fresh run in a temporary out_dir
+    .venv/bin/python benchmarks/main_job.py --out runs/mj         # ... in runs/mj (must be unused)
+    .venv/bin/python benchmarks/main_job.py --read runs/quickstart --time-log t.txt   # read a finished run
+
+The command is ``/usr/bin/time -v .venv/bin/sage-rl train out_dir=<out>`` (configs/quickstart.yaml
+as committed; extra ``key=value`` arguments are passed on). Peak RSS is GNU time's "Maximum resident
+set size" (the largest single process: the recipe runs its stages in one process; its sandbox
+workers are separate, smaller processes); without /usr/bin/time it falls back to
+``resource.getrusage(RUSAGE_CHILDREN)``, the same figure for the largest waited-for child. Wall
+time is GNU time's, and the stages' own times come from ``<out>/recipe.json``. The load average
+before and after and whether the CPU has AVX-512 are printed with them, since a shared machine
+inflates every time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SAGE_RL = ROOT / ".venv" / "bin" / "sage-rl"
+
+
+def parse_time_v(text: str) -> dict[str, float]:
+    """Wall seconds and peak RSS (bytes) from GNU ``time -v`` output; missing fields are absent."""
+    out: dict[str, float] = {}
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+    if rss:
+        out["peak_rss_bytes"] = int(rss.group(1)) * 1024
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)
+    if wall:
+        secs = 0.0
+        for part in wall.group(1).split(":"):
+            secs = secs * 60 + float(part)
+        out["wall_s"] = round(secs, 1)
+    return out
+
+
+def cpu_flags() -> str:
+    """'avx512' when the CPU reports AVX-512F, else 'avx2' or 'other' (Linux /proc/cpuinfo)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    return "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
+
+
+def figures(out: Path) -> dict[str, object]:
+    """The stages' times and the report's TGC and SGC (with intervals) of a finished recipe run."""
+    state = json.loads((out / "recipe.json").read_text())
+    row: dict[str, object] = {"stages_s": {k: e.get("wall_s") for k, e in state.items()}}
+    row["stages_total_s"] = round(sum(e.get("wall_s") or 0 for e in state.values()), 1)
+    for key, label in (("eval_base", "base"), ("eval_sft", "sft"), ("eval_sage", "sage")):
+        for split, res in (state.get(key, {}).get("result") or {}).items():
+            m = res["metrics"]
+            row[f"{split}_{label}"] = {
+                "tasks": m["tasks"],
+                "tgc": round(m["tgc"], 1),
+                "tgc_ci": [round(x, 1) for x in m["tgc_ci"]],
+                "sgc": round(m["sgc"], 1),
+                "avg_tokens": round(m["avg_tokens"]),
+            }
+    return row
+
+
+def measure(out: Path, overrides: list[str]) -> tuple[dict[str, float], str]:
+    """Run the main job into ``out``; returns (GNU time's figures, its raw report)."""
+    cmd = [str(SAGE_RL), "train", f"out_dir={out}", *overrides]
+    gnu = shutil.which("time") or ("/usr/bin/time" if Path("/usr/bin/time").exists() else None)
+    if gnu:
+        with tempfile.NamedTemporaryFile("r", suffix=".time") as log:
+            proc = subprocess.run([gnu, "-v", "-o", log.name, *cmd], cwd=ROOT)
+            text = Path(log.name).read_text()
+        if proc.returncode != 0:
+            raise SystemExit(f"sage-rl train failed (exit {proc.returncode})")
+        return parse_time_v(text), text
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(f"sage-rl train failed (exit {proc.returncode})")
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # Linux: kilobytes
+    return {"wall_s": round(time.perf_counter() - t0, 1), "peak_rss_bytes": peak}, ""
+
+
+def table(row: dict[str, object]) -> str:
+    lines = ["| figure | value |", "|---|---|"]
+    if "wall_s" in row:
+        lines.append(f"| wall (GNU time) | {row['wall_s']:.0f} s ({float(row['wall_s']) / 60:.1f} min) |")
+    if "peak_rss_bytes" in row:
+        lines.append(f"| peak RSS | {float(row['peak_rss_bytes']) / 1e9:.2f} GB |")
+    for stage, secs in dict(row["stages_s"]).items():  # type: ignore[arg-type]
+        lines.append(f"| stage {stage} | {secs} s |")
+    for key, v in row.items():
+        if isinstance(v, dict) and "tgc" in v:
+            lines.append(
+                f"| {key}: TGC ({v['tasks']} tasks) | {v['tgc']} [{v['tgc_ci'][0]}, {v['tgc_ci'][1]}], "
+                f"SGC {v['sgc']}, {v['avg_tokens']} tokens/task |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, help="run folder (default: a new temporary one)")
+    ap.add_argument("--read", type=Path, help="only read the figures of this finished run")
+    ap.add_argument("--time-log", type=Path, help="with --read: GNU time -v output of that run")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides passed to sage-rl train")
+    a = ap.parse_args()
+    row: dict[str, object] = {"cpu": cpu_flags(), "cores": os.cpu_count(), "load_before": os.getloadavg()}
+    if a.read:
+        out = a.read
+        if a.time_log:
+            row |= parse_time_v(a.time_log.read_text())
+    else:
+        out = a.out or Path(tempfile.mkdtemp(prefix="sage-rl-main-job-")) / "run"
+        row |= measure(out, a.overrides)[0]
+    row |= figures(out) | {"load_after": os.getloadavg(), "out_dir": str(out)}
+    print(json.dumps(row), flush=True)
+    print(table(row), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
