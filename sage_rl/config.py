@@ -94,10 +94,21 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds. Any problem with the file (missing, unreadable, not
+    UTF-8, not YAML, not a mapping) is a one-line ``ConfigError`` naming it."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
-    data = load_yaml(p.read_text(), f"config file {p}") or {}
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {p} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+            "save it as UTF-8"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"config file {p} cannot be read ({e.strerror or e})") from None
+    data = load_yaml(text, f"config file {p}") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p} must hold a mapping at the top level, not {type(data).__name__}")
     return data

@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 _PROCESSES = "the sandbox does not allow starting processes"
 _NETWORK = "the sandbox has no network (only socket.socketpair() exists)"
+_MEMFD = "the sandbox does not allow memory files (their memory is outside the worker's limit)"
 
 
 def _refuse(what: str, why: str) -> Any:
@@ -25,7 +26,8 @@ def _refuse(what: str, why: str) -> Any:
 
 
 def install() -> None:
-    """Replace process-starting entry points and network socket creation with clear refusals."""
+    """Replace process-starting entry points, network socket creation and memory files with clear
+    refusals."""
     for name in (
         "fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp",
         "execv", "execve", "execl", "execle", "execlp", "execlpe", "execvp", "execvpe",
@@ -33,6 +35,8 @@ def install() -> None:
     ):  # fmt: skip
         if hasattr(os, name):
             setattr(os, name, _refuse(f"os.{name}", _PROCESSES))
+    if hasattr(os, "memfd_create"):
+        os.memfd_create = _refuse("os.memfd_create", _MEMFD)
     subprocess.Popen._execute_child = _refuse("subprocess", _PROCESSES)  # type: ignore[method-assign]
     own_init = socket.socket.__init__
 

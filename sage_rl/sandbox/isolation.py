@@ -2,8 +2,10 @@
 
 Order matters and is fixed here:
 1. template (once): a new network namespace, so every worker starts with no network;
-2. worker (after fork): rlimits -> scratch as cwd -> own IPC namespace -> drop root to ``nobody`` -> no_new_privs ->
-   Landlock -> seccomp -> the friendly guard. Each step that fails is recorded, never fatal.
+2. worker (after fork): its own memory cgroup and OOM score (memory.py) -> rlimits -> scratch as
+   cwd -> own IPC namespace -> drop root to ``drop_user`` -> no_new_privs -> Landlock -> seccomp ->
+   the friendly guard. Each step that fails is recorded, never fatal, with one exception: a root
+   worker that cannot switch to ``drop_user`` exits (it would run agent code as root).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sage_rl.sandbox import guard, landlock, seccomp_layer
+from sage_rl.sandbox import guard, landlock, memory, seccomp_layer
 from sage_rl.sandbox.limits import SandboxLimits
 
 _CLONE_NEWNET, _CLONE_NEWUSER, _CLONE_NEWIPC = 0x40000000, 0x10000000, 0x08000000
@@ -34,7 +36,11 @@ class IsolationReport:
     worker's own IPC namespace), "seccomp" (the calls are refused), both joined by "+", or "none";
     filesystem: "landlock" (writes only in scratch) | "user" (file permissions of ``nobody``) | "none";
     seccomp: True when the syscall filter is loaded (no processes, no network sockets, no signals out);
-    user: the user the worker runs as; rlimits: the resource limits set; notes: why a layer is missing.
+    user: the user the worker runs as; rlimits: the resource limits set; notes: why a layer is missing;
+    memory: what bounds the worker's memory beyond RLIMIT_AS, "+"-joined: "cgroup-v1"/"cgroup-v2"
+    (its own memory cgroup: shared memory and tmpfs files counted), "seccomp" (no memfd, and with
+    Landlock no file outside scratch), or "rlimit" (RLIMIT_AS alone: memfd and /dev/shm unbounded);
+    oom_score_adj: the worker's OOM score adjustment (1000: killed before anything else).
     """
 
     network: str = "none"
@@ -45,18 +51,21 @@ class IsolationReport:
     rlimits: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
     ipc: str = "none"
+    memory: str = "none"
+    oom_score_adj: int = 0
 
     @property
     def level(self) -> str:
-        """ "strong": processes, network and writes are all held by the kernel; "partial": some are;
-        "weak": none are (only the process boundary and the parent's timeouts remain)."""
+        """ "strong": processes, network and writes are all held by the kernel and the worker is not
+        root; "partial": some are; "weak": none are (only the process boundary and the parent's
+        timeouts remain)."""
         held = [self.seccomp, self.network != "none", self.filesystem == "landlock"]
-        return "strong" if all(held) else ("partial" if any(held) else "weak")
+        return "strong" if all(held) and self.user != "root" else ("partial" if any(held) else "weak")
 
     def line(self) -> str:
         return (
             f"sandbox isolation: {self.level} (network={self.network}, filesystem={self.filesystem}, "
-            f"ipc={self.ipc}, "
+            f"ipc={self.ipc}, memory={self.memory}, oom_score_adj={self.oom_score_adj}, "
             f"seccomp={'on' if self.seccomp else 'off'}, landlock={','.join(self.landlock) or 'off'}, "
             f"user={self.user}, rlimits={','.join(self.rlimits) or 'none'})"
             + (f"; missing: {'; '.join(self.notes)}" if self.notes else "")
@@ -67,6 +76,8 @@ class IsolationReport:
             "network": self.network,
             "filesystem": self.filesystem,
             "ipc": self.ipc,
+            "memory": self.memory,
+            "oom_score_adj": self.oom_score_adj,
             "seccomp": self.seccomp,
             "landlock": list(self.landlock),
             "user": self.user,
@@ -81,6 +92,8 @@ class IsolationReport:
             network=str(d.get("network", "none")),
             filesystem=str(d.get("filesystem", "none")),
             ipc=str(d.get("ipc", "none")),
+            memory=str(d.get("memory", "none")),
+            oom_score_adj=int(d.get("oom_score_adj", 0)),
             seccomp=bool(d.get("seccomp", False)),
             landlock=tuple(str(x) for x in d.get("landlock", ())),
             user=str(d.get("user", "")),
@@ -118,12 +131,22 @@ def _write(path: str, text: str) -> None:
 
 
 def apply_worker_layers(
-    limits: SandboxLimits, scratch: str, network: str, readable: list[str], listable: Sequence[str] = ()
+    limits: SandboxLimits,
+    scratch: str,
+    network: str,
+    readable: list[str],
+    listable: Sequence[str] = (),
+    cgroup: memory.CgroupBase = memory.CgroupBase(),
 ) -> IsolationReport:
     """Apply every worker layer that this machine supports; return what took effect. ``readable``
-    and ``listable`` come from ``readable.readable_paths()`` (listable: folder names only)."""
+    and ``listable`` come from ``readable.readable_paths()`` (listable: folder names only);
+    ``cgroup`` from ``memory.create_base`` in the template. Raises PermissionError when a root
+    worker cannot switch to ``limits.drop_user`` (fail closed: the worker must not serve)."""
     notes: list[str] = []
     template = os.getppid()
+    # First, while still root: its own memory cgroup (shared memory counted) and the top OOM score.
+    mem = _join_cgroup(cgroup, limits.address_space_bytes, notes)
+    oom = memory.raise_oom_score()
     rl = _set_rlimits(limits, notes)
     os.chdir(scratch)
     os.environ.update(HOME=scratch, TMPDIR=scratch)
@@ -156,7 +179,24 @@ def apply_worker_layers(
     )
     fs = "landlock" if ll else ("user" if user != "root" else "none")
     ipc = "+".join(name for name, on in (("namespace", own_ipc), ("seccomp", sec)) if on) or "none"
-    return IsolationReport(net, fs, sec, tuple(ll), user, tuple(rl), tuple(notes), ipc)
+    # seccomp refuses memfd; only with Landlock are tmpfs folders such as /dev/shm closed too.
+    if sec and "fs-write" in ll:
+        mem.append("seccomp")
+    elif not mem:
+        notes.append("memory beyond RLIMIT_AS: no memory cgroup, and memfd or /dev/shm stay open")
+    mem_layer = "+".join(mem) or ("rlimit" if "AS" in rl else "none")
+    return IsolationReport(net, fs, sec, tuple(ll), user, tuple(rl), tuple(notes), ipc, mem_layer, oom)
+
+
+def _join_cgroup(cgroup: memory.CgroupBase, limit: int, notes: list[str]) -> list[str]:
+    if not cgroup.path:
+        notes.append(cgroup.note)
+        return []
+    try:
+        return [memory.join(cgroup, limit)]
+    except OSError as e:
+        notes.append(f"memory cgroup: could not join one under {cgroup.path} ({e.strerror or e})")
+        return []
 
 
 def _try_rlimit(name: str, which: int, value: int, notes: list[str]) -> list[str]:
@@ -203,8 +243,11 @@ def _drop_user(name: str, keep_read: bool, notes: list[str]) -> str:
             _libc.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0)
         os.setuid(pw.pw_uid)
     except (KeyError, OSError) as e:
-        notes.append(f"could not switch to user {name!r} ({e})")
-        return "root"
+        # Fail closed: a misspelt name must not leave agent code running as root.
+        reason = "no such user" if isinstance(e, KeyError) else str(e)
+        raise PermissionError(
+            f"sandbox.drop_user: cannot switch workers to user {name!r} ({reason})"
+        ) from None
     if keep_read and _set_caps(1 << _CAP_DAC_READ_SEARCH):
         return name + "+read"
     _set_caps(0)

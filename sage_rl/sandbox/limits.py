@@ -6,6 +6,9 @@ from pydantic import Field
 
 from sage_rl.config import Section
 
+#: Largest byte limit: far above any machine, and below what setrlimit takes (a signed 64-bit value).
+MAX_BYTES = 1 << 60
+
 
 class SandboxLimits(Section):
     """Limits for agent code. Per-cell limits reset at each cell; per-worker limits hold for an episode.
@@ -26,13 +29,21 @@ class SandboxLimits(Section):
         600, ge=1, le=86400, description="CPU seconds per worker (hard RLIMIT_CPU; SIGKILL past it)."
     )
     address_space_bytes: int = Field(
-        1 << 30, ge=64 << 20, description="Virtual memory per worker (RLIMIT_AS); MemoryError past it."
+        1 << 30,
+        ge=16 << 20,
+        le=MAX_BYTES,
+        description="Memory per worker: virtual memory (RLIMIT_AS; MemoryError past it) and, where a "
+        "memory cgroup is available, memory held in all (shared memory and tmpfs files included; the "
+        "worker is killed past it). Sandbox start-up refuses a value below what the interpreter needs.",
     )
     output_chars: int = Field(
         20_000, ge=100, le=10_000_000, description="Printed characters kept per cell; the rest is cut."
     )
     file_size_bytes: int = Field(
-        16 << 20, ge=0, description="Largest file the worker may write (RLIMIT_FSIZE); EFBIG past it."
+        16 << 20,
+        ge=0,
+        le=MAX_BYTES,
+        description="Largest file the worker may write (RLIMIT_FSIZE); EFBIG past it.",
     )
     open_files: int = Field(128, ge=32, le=65536, description="Open file descriptors (RLIMIT_NOFILE).")
     threads: int = Field(

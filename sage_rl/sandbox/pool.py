@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sage_rl.sandbox import memory
 from sage_rl.sandbox.isolation import IsolationReport
 from sage_rl.sandbox.limits import SandboxLimits
 
@@ -40,6 +41,9 @@ Dispatch = Callable[[str, str, dict[str, Any]], Any]
 
 _START_TIMEOUT_S = 60.0
 _CONTROL_TIMEOUT_S = 20.0
+#: Address space a worker needs beyond the template's for its own heap (applying its layers and a
+#: small cell take under 1 MiB; this leaves room for ordinary code).
+_WORKER_START_BYTES = 16 << 20
 
 
 class SandboxError(RuntimeError):
@@ -69,6 +73,8 @@ class Sandbox:
         self._wake = threading.Condition(self._lock)
         self._refiller: threading.Thread | None = None
         self._closed = False
+        self._cgroup = ""  # the template's folder of worker memory cgroups, removed when it ends
+        self._vm_bytes = 0  # the template's address space, which each worker starts with
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -78,6 +84,7 @@ class Sandbox:
             raise SandboxError(
                 f"the sandbox needs Linux (this is {sys.platform}); run agent code in-process instead"
             )
+        check_drop_user(self.limits.drop_user)
         with self._lock:
             if self._proc is None:
                 self._start_template()
@@ -238,6 +245,16 @@ class Sandbox:
         if ready.get("op") != "ready":
             raise SandboxError(f"sandbox template sent {ready!r} instead of 'ready'")
         self._network_note = str(ready.get("note") or "")
+        self._cgroup = str(ready.get("cgroup") or "")
+        self._vm_bytes = int(ready.get("vm_bytes") or 0)
+        need = self._vm_bytes + _WORKER_START_BYTES
+        if self.limits.address_space_bytes < need:
+            self._stop_template()
+            raise SandboxError(
+                f"sandbox.address_space_bytes = {_mib(self.limits.address_space_bytes)} is too small: the "
+                f"sandbox's interpreter maps {_mib(self._vm_bytes)} before any agent code runs; "
+                f"allow at least {_mib(need)} (the default is 1 GiB)"
+            )
 
     def _stop_template(self) -> None:
         if self._ctl is not None:
@@ -250,6 +267,9 @@ class Sandbox:
                 self._proc.kill()
                 self._proc.wait()
             self._proc = None
+        if self._cgroup and not memory.remove_base(self._cgroup):
+            log.warning("sandbox: could not remove the memory cgroup %s", self._cgroup)
+        self._cgroup = ""
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
@@ -291,8 +311,11 @@ class Sandbox:
             pid, sock = self._request_fork(scratch)
             with sock:
                 sock.settimeout(_CONTROL_TIMEOUT_S)
-                head = _recv_exact(sock, 4)
-                hello = json.loads(_recv_exact(sock, int.from_bytes(head, "big")))
+                try:
+                    head = _recv_exact(sock, 4)
+                    hello = json.loads(_recv_exact(sock, int.from_bytes(head, "big")))
+                except SandboxError as e:
+                    raise SandboxError(f"{e} ({self._start_suspects()})") from None
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         finally:
@@ -301,6 +324,33 @@ class Sandbox:
         if self._network_note:
             report = IsolationReport(**{**report.__dict__, "notes": (*report.notes, self._network_note)})
         return report
+
+    def _start_suspects(self) -> str:
+        """What can end a worker before it serves, named by its field: one line for the user."""
+        return (
+            f"check sandbox.address_space_bytes = {_mib(self.limits.address_space_bytes)}: the sandbox's "
+            f"interpreter maps {_mib(self._vm_bytes)} before any agent code runs; and "
+            f"sandbox.drop_user = {self.limits.drop_user!r}"
+        )
+
+
+def check_drop_user(name: str) -> None:
+    """Fail closed, before anything starts: a trainer running as root switches workers to ``name``,
+    so a name that is not a user here would leave agent code running as root (``SandboxError``)."""
+    if os.getuid() != 0 or not name:
+        return
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        raise SandboxError(
+            f"sandbox.drop_user = {name!r} is not a user on this machine: the workers of a trainer "
+            "running as root must switch to an existing unprivileged user (default 'nobody'; '' keeps "
+            "root, with no protection from the user switch)"
+        ) from None
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB"
 
 
 def template_exit_message(stderr: str) -> str:

@@ -15,7 +15,9 @@ hundreds of syscalls and an allow-list breaks on the next glibc. The deny rules:
 - kernel surface: io_uring (its operations bypass seccomp), bpf, perf_event_open, userfaultfd,
   namespaces and mounts, keyrings, modules, kexec, reboot, swap, acct;
 - channels between episodes: System V message queues, semaphores and shared memory, and POSIX
-  message queues (each worker also gets its own IPC namespace where the kernel allows it).
+  message queues (each worker also gets its own IPC namespace where the kernel allows it);
+- memory outside RLIMIT_AS: memfd_create (pages written to a memfd are host memory that no
+  process's address space counts) and memfd_secret (memory.py).
 """
 
 from __future__ import annotations
@@ -104,6 +106,9 @@ _DENY_ALWAYS = (
     "mq_timedreceive",
     "mq_notify",
     "mq_getsetattr",
+    # memory held outside the address space, so outside RLIMIT_AS (issue 30)
+    "memfd_create",
+    "memfd_secret",
 )
 _ENOSYS = ("clone3", "io_uring_setup", "io_uring_enter", "io_uring_register")
 

@@ -157,8 +157,8 @@ class Session:
         except (EOFError, ConnectionError, OSError):
             return _Failure(
                 "The code ended its interpreter process (for example os._exit(), a crash in C code such as a "
-                "stack overflow from very deep recursion, "
-                f"or the CPU-time budget of the episode). {RESTARTED}",
+                "stack overflow from very deep recursion, the memory it may hold, shared memory and "
+                f"files in memory included, or the CPU-time budget of the episode). {RESTARTED}",
                 timed_out=False,
             )
         except ProtocolError as e:

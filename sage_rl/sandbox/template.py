@@ -7,7 +7,8 @@ namespace once; each worker then applies the per-worker layers after fork.
 
 Control messages (JSON, one per packet):
     parent -> template  {"op": "fork", "scratch": path}
-    template -> parent  {"op": "ready", "network": ..., "note": ...}
+    template -> parent  {"op": "ready", "network": ..., "note": ..., "cgroup": path or "",
+                         "vm_bytes": its address space, which each worker starts with}
                         {"op": "forked", "pid": n} + the parent's end of the worker socket (SCM_RIGHTS)
                         {"op": "error", "error": text}
 """
@@ -38,7 +39,7 @@ import sys
 import textwrap  # noqa: F401
 import typing  # noqa: F401
 
-from sage_rl.sandbox import isolation, readable, seccomp_layer
+from sage_rl.sandbox import isolation, memory, readable, seccomp_layer
 from sage_rl.sandbox.limits import SandboxLimits
 from sage_rl.sandbox.protocol import BlockingChannel
 from sage_rl.sandbox.worker import serve
@@ -81,6 +82,7 @@ def spawn_worker(
     scratch: str,
     network: str,
     paths: tuple[list[str], list[str]],
+    cgroup: memory.CgroupBase = memory.CgroupBase(),
 ) -> tuple[int, socket.socket]:
     """Fork one worker bound to ``scratch``; return its pid and the parent's end of its socket."""
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -93,7 +95,7 @@ def spawn_worker(
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             _redirect_stdio()
-            report = isolation.apply_worker_layers(limits, scratch, network, *paths)
+            report = isolation.apply_worker_layers(limits, scratch, network, *paths, cgroup=cgroup)
             hello = {"op": "hello", "isolation": report.to_dict()}
             serve(BlockingChannel(child_end), limits.message_bytes, limits.output_chars, hello)
         finally:
@@ -102,35 +104,59 @@ def spawn_worker(
     return pid, parent_end
 
 
+def _vm_bytes() -> int:
+    """This process's address space (VmSize), which a worker inherits before any agent code runs."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def main() -> None:
     ctl = socket.socket(fileno=int(sys.argv[1]))
     limits = SandboxLimits.model_validate_json(sys.argv[2])
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps workers; the parent kills by pidfd
-    network, note = isolation.enter_network_namespace()
-    paths = readable.readable_paths()
-    _seal_project_imports()
-    with contextlib.suppress(ImportError, OSError):
-        seccomp_layer.syscall_numbers()  # resolve once; every worker inherits the cache
-    gc.freeze()  # keep the pre-imported heap out of the collector so forks share its pages
-    ctl.send(json.dumps({"op": "ready", "network": network, "note": note}).encode())
-    while True:
-        try:
-            data = ctl.recv(65536)
-        except OSError:
-            break
-        if not data:
-            break
-        msg = json.loads(data)
-        if msg.get("op") != "fork":
-            break
-        try:
-            pid, end = spawn_worker(ctl, limits, str(msg["scratch"]), network, paths)
-        except OSError as e:
-            ctl.send(json.dumps({"op": "error", "error": f"fork failed: {e}"}).encode())
-            continue
-        socket.send_fds(ctl, [json.dumps({"op": "forked", "pid": pid}).encode()], [end.fileno()])
-        end.close()
+    memory.raise_oom_score()  # the OOM killer takes the template (and its workers) before the trainer
+    cgroup = memory.create_base(str(os.getpid()))  # before a user namespace could change who we are
+    try:
+        network, note = isolation.enter_network_namespace()
+        paths = readable.readable_paths()
+        _seal_project_imports()
+        with contextlib.suppress(ImportError, OSError):
+            seccomp_layer.syscall_numbers()  # resolve once; every worker inherits the cache
+        gc.freeze()  # keep the pre-imported heap out of the collector so forks share its pages
+        ready = {
+            "op": "ready",
+            "network": network,
+            "note": note,
+            "cgroup": cgroup.path,
+            "vm_bytes": _vm_bytes(),
+        }
+        ctl.send(json.dumps(ready).encode())
+        # The loop stays in main, not in a helper: one more frame under every worker moves where
+        # agent code's deep recursion stops (tests/test_sandbox_hostile.py::test_deep_recursion).
+        while True:
+            try:
+                data = ctl.recv(65536)
+            except OSError:
+                break
+            if not data:
+                break
+            msg = json.loads(data)
+            if msg.get("op") != "fork":
+                break
+            memory.sweep(cgroup)  # the cgroups of workers that have exited
+            try:
+                pid, end = spawn_worker(ctl, limits, str(msg["scratch"]), network, paths, cgroup)
+            except OSError as e:
+                ctl.send(json.dumps({"op": "error", "error": f"fork failed: {e}"}).encode())
+                continue
+            socket.send_fds(ctl, [json.dumps({"op": "forked", "pid": pid}).encode()], [end.fileno()])
+            end.close()
+    finally:
+        memory.end_all(cgroup)  # the parent closed or died: leave no cgroup behind
 
 
 if __name__ == "__main__":
