@@ -1,4 +1,4 @@
-"""The local engine against plain transformers ``generate`` (and llama.cpp), side by side (issue 16).
+"""The local engine against plain transformers ``generate`` (and llama.cpp), side by side (issues 16, 29).
 
 An agent-like multi-turn workload: ``--episodes`` concurrent episodes in groups of ``--group``
 (the chains of a group share their whole prompt; all episodes share a system prompt), a prompt of
@@ -7,33 +7,45 @@ temperature 1), and a fixed observation of about ``--obs`` tokens appended after
 
 - ``hf_generate``: what a user writes with transformers: each turn, the episodes' whole sequences
   left-padded into one batch and ``model.generate`` (the model as loaded, float32).
-- ``policy_<dtype>``: ``TransformersPolicy`` (one coroutine per episode), per compute dtype.
+- ``policy``: ``TransformersPolicy`` with its default settings (one coroutine per episode);
+  ``policy_<dtype>`` (fp32, bf16) and ``policy_t<N>`` / ``policy_fp32_t<N>`` fix the compute dtype
+  or the sampling threads (``threads=N`` instead of the default "auto").
 - ``llama_cpp``: llama-cpp-python on the same GGUF, one episode after another, when a bench venv
   has it (``--llama-python``, default ``.venv-bench/bin/python``); skipped otherwise. PyPI has no
   CPU wheel of it, so it builds from source (about 20 minutes on 2 cores):
   ``python3 -m venv .venv-bench && .venv-bench/bin/pip install llama-cpp-python==0.3.36``.
 
-    .venv/bin/python benchmarks/engine_bench.py [--threads 2] [--systems policy_bf16,policy_fp32,hf_generate,llama_cpp]
+    .venv/bin/python benchmarks/engine_bench.py [--threads 2] [--systems policy,hf_generate] [--isa avx2] [--busy] [--quick]
 
-Prints one JSON object: per system tokens, wall and CPU seconds, tokens/s and tokens per CPU
-second, the load average around it; ratios of each policy to ``hf_generate`` and ``llama_cpp``;
-the memory-bandwidth floor of a decode step (weights bytes read per step / measured read
-bandwidth) with the fraction of it that the policy's full-batch decode steps reach; and how far
-the sampler's logprobs are from a float32 forward pass (what a float32 trainer computes).
+- ``--isa avx2`` runs torch's, oneDNN's and MKL's AVX2 kernels on any x86 CPU (the process
+  re-executes itself with ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+  MKL_ENABLE_INSTRUCTIONS=AVX2``, which must be set before torch loads).
+- ``--busy`` runs a competing 2-thread float32 matmul loop in another process beside every system
+  (what the cores look like with a second job on them); its matmuls per second are reported.
+- ``--quick``: a smaller workload (300-token prompts, 2 turns of 32 tokens) that runs in minutes.
+
+Prints one JSON object: the CPU (model, ISA flags, torch's kernel level, the ISA variables); per
+system tokens, wall and CPU seconds, tokens/s and tokens per CPU second, the load (``uptime``)
+before and after; ratios of each policy to ``hf_generate`` and ``llama_cpp``; the memory-bandwidth
+floor of a decode step (weights bytes read per step / measured read bandwidth) with the fraction
+of it that the policy's full-batch decode steps reach; and how far the sampler's logprobs are from
+a float32 forward pass (what a float32 trainer computes). Every line printed to stderr carries the
+CPU and the load too.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+from machine import Busy, cpu_info, reexec_for_isa, uptime
 from rich.console import Console
 
 from sage_rl.agent.render import ChatRenderer
@@ -70,18 +82,21 @@ def workload(renderer: ChatRenderer, tok, args) -> tuple[list[list[int]], list[i
     return prompts, obs
 
 
-def _timed(fn):
-    load0, wall, cpu = os.getloadavg()[0], time.perf_counter(), time.process_time()
+def _timed(fn, busy: Busy | None = None):
+    load0, wall, cpu = uptime(), time.perf_counter(), time.process_time()
     tokens = fn()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return {
+    entry = {
         "tokens": tokens,
         "wall_s": round(wall, 2),
         "cpu_s": round(cpu, 2),
         "tokens_per_s": round(tokens / wall, 2),
         "tokens_per_cpu_s": round(tokens / cpu, 2),
-        "load_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        "load_before_after": [load0, uptime()],
     }
+    if busy is not None:
+        entry["busy_matmuls_per_s_at_end"] = busy.rate()
+    return entry
 
 
 def run_policy(policy: TransformersPolicy, prompts, obs, args) -> int:
@@ -131,7 +146,7 @@ def run_hf_generate(model, pad_id: int, prompts, obs, args) -> int:
 def run_llama_cpp(python: str, prompts, obs, args) -> dict:
     job = {"gguf": str(smollm2_gguf_path()), "threads": args.threads, "prompts": prompts, "obs_ids": obs}
     job |= {"turns": args.turns, "gen": args.gen}
-    load0 = os.getloadavg()[0]
+    load0 = uptime()
     script = Path(__file__).with_name("llama_cpp_turns.py")
     proc = subprocess.run(
         [python, str(script)], input=json.dumps(job), capture_output=True, text=True, check=True
@@ -143,7 +158,7 @@ def run_llama_cpp(python: str, prompts, obs, args) -> dict:
         "cpu_s": round(r["cpu_s"], 2),
         "tokens_per_s": round(r["tokens"] / r["wall_s"], 2),
         "tokens_per_cpu_s": round(r["tokens"] / r["cpu_s"], 2),
-        "load_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        "load_before_after": [load0, uptime()],
         "version": r["version"],
     }
 
@@ -226,25 +241,59 @@ def logprob_mismatch(model, tok, prompts, args) -> dict:
     return out
 
 
+QUICK = {"prompt": 300, "turns": 2, "gen": 32}
+POLICY_DTYPES = {"": None, "fp32": "float32", "bf16": "bfloat16"}
+
+
+def policy_variant(system: str) -> dict:
+    """``policy[_fp32|_bf16][_t<N>|_auto]`` -> TransformersPolicy keyword arguments (the
+    defaults where the name says nothing)."""
+    kwargs: dict = {}
+    parts = system.split("_")[1:]
+    for part in parts:
+        if part in POLICY_DTYPES:
+            kwargs["dtype"] = POLICY_DTYPES[part]
+        elif part == "auto":
+            kwargs["threads"] = "auto"
+        elif part.startswith("t") and part[1:].isdigit():
+            kwargs["threads"] = int(part[1:])
+        else:
+            raise SystemExit(f"unknown system {system!r}: policy[_fp32|_bf16][_t<N>|_auto]")
+    return kwargs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=8)
-    ap.add_argument("--group", type=int, default=4)
+    ap.add_argument("--group", type=int, default=1, help="episodes per group (sharing their whole prompt)")
     ap.add_argument("--prompt", type=int, default=900)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--gen", type=int, default=96)
     ap.add_argument("--obs", type=int, default=60)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--systems", default="policy_bf16,policy_fp32,hf_generate,llama_cpp")
+    ap.add_argument("--systems", default="policy,hf_generate")
+    ap.add_argument("--isa", choices=["avx2"], help="run torch, oneDNN and MKL with these kernels")
+    ap.add_argument(
+        "--busy", action="store_true", help="a competing 2-thread matmul loop beside every system"
+    )
+    ap.add_argument("--quick", action="store_true", help="300-token prompts, 2 turns of 32 tokens")
     ap.add_argument("--llama-python", default=".venv-bench/bin/python")
     ap.add_argument("--no-mismatch", action="store_true", help="skip the sampler-vs-fp32 logprob check")
     args = ap.parse_args()
+    reexec_for_isa(args.isa)
+    if args.quick:
+        for k, v in QUICK.items():
+            setattr(args, k, v)
     torch.set_num_threads(args.threads)
-    console = Console(stderr=True)
+    console = Console(stderr=True, markup=False)  # the CPU tag has brackets
+    cpu = cpu_info()
+    tag = f"{cpu['model']} [{','.join(cpu['isa_flags'])}; torch kernels {cpu['torch_cpu_capability']}]"
     model, tok = load_model(None)
     renderer = ChatRenderer(tok)
     prompts, obs = workload(renderer, tok, args)
     result: dict = {
+        "cpu": cpu,
+        "conditions": {"busy": args.busy, "isa": args.isa or "native", "quick": args.quick},
         "workload": {
             "episodes": args.episodes,
             "group": args.group,
@@ -259,27 +308,38 @@ def main() -> None:
     with console.status("measuring memory bandwidth"):
         bandwidth = read_bandwidth_gbs()
     result["read_bandwidth_gbs"] = round(bandwidth, 1)
-    for system in args.systems.split(","):
-        with console.status(f"{system}: {args.episodes} episodes x {args.turns} turns x {args.gen} tokens"):
-            if system.startswith("policy_"):
-                dtype = {"policy_fp32": None, "policy_bf16": "bfloat16"}[system]
-                policy = TransformersPolicy(model, tok, max_batch=args.episodes, stop_ids=(), dtype=dtype)
-                timer = DecodeTimer(policy.engine.runner, args.episodes)
-                entry = _timed(lambda p=policy: run_policy(p, prompts, obs, args))
-                entry["engine"] = {k: v for k, v in vars(policy.stats).items() if k != "admitted_at"}
-                entry["bandwidth_floor"] = floor_report(policy, timer, bandwidth, args)
-            elif system == "hf_generate":
-                entry = _timed(lambda: run_hf_generate(model, tok.pad_token_id, prompts, obs, args))
-            elif system == "llama_cpp":
-                if not Path(args.llama_python).exists():
-                    result["systems"]["llama_cpp"] = f"skipped: {args.llama_python} not found"
-                    continue
-                entry = run_llama_cpp(args.llama_python, prompts, obs, args)
-            else:
-                raise SystemExit(f"unknown system {system!r}")
-        result["systems"][system] = entry
-        console.print(f"{system}: {entry['tokens_per_s']} tokens/s", style="dim")
+    with Busy() if args.busy else contextlib.nullcontext() as busy:
+        for system in args.systems.split(","):
+            with console.status(
+                f"{system}: {args.episodes} episodes x {args.turns} turns x {args.gen} tokens"
+            ):
+                if system.startswith("policy"):
+                    kwargs = policy_variant(system)
+                    policy = TransformersPolicy(model, tok, max_batch=args.episodes, stop_ids=(), **kwargs)
+                    timer = DecodeTimer(policy.engine.runner, args.episodes)
+                    entry = _timed(lambda p=policy: run_policy(p, prompts, obs, args), busy)
+                    entry["settings"] = {
+                        "dtype": str(policy.dtype or "model"),
+                        "threads": kwargs.get("threads", "auto"),
+                    }
+                    entry["engine"] = {k: v for k, v in vars(policy.stats).items() if k != "admitted_at"}
+                    entry["bandwidth_floor"] = floor_report(policy, timer, bandwidth, args)
+                elif system == "hf_generate":
+                    entry = _timed(lambda: run_hf_generate(model, tok.pad_token_id, prompts, obs, args), busy)
+                elif system == "llama_cpp":
+                    if not Path(args.llama_python).exists():
+                        result["systems"]["llama_cpp"] = f"skipped: {args.llama_python} not found"
+                        continue
+                    entry = run_llama_cpp(args.llama_python, prompts, obs, args)
+                else:
+                    raise SystemExit(f"unknown system {system!r}")
+            result["systems"][system] = entry
+            console.print(
+                f"{system}: {entry['tokens_per_s']} tokens/s on {tag}, {entry['load_before_after'][1]}"
+            )
     result["ratios"] = ratios(result["systems"])
+    for name, value in result["ratios"].items():
+        console.print(f"{name}: {value}x on {tag}{' beside a 2-thread matmul loop' if args.busy else ''}")
     if not args.no_mismatch:
         with console.status("sampler vs float32 forward logprobs"):
             result["logprob_mismatch_vs_fp32_forward"] = logprob_mismatch(model, tok, prompts, args)
@@ -290,7 +350,7 @@ def main() -> None:
 def ratios(systems: dict) -> dict:
     out = {}
     for name, entry in systems.items():
-        if not name.startswith("policy_"):
+        if not name.startswith("policy"):
             continue
         for base in ("hf_generate", "llama_cpp"):
             if isinstance(systems.get(base), dict):

@@ -1,9 +1,11 @@
 """Forward passes over per-sequence KV caches: the native one for Llama-family decoders, and a
 plain transformers one for every other causal LM.
 
-Both runners have the same three operations: ``prefill(cache, ids)`` feeds one sequence's new
-tokens (chunked) and ``decode(caches, ids)`` feeds one token to each of several sequences; both
-append to the caches and return the float32 logits of the last fed position(s). ``refresh()``
+Both runners have the same operations: ``prefill(cache, ids)`` feeds one sequence's new tokens
+(chunked), ``prefill_many(caches, id_lists)`` several sequences' (the native runner in shared
+forward passes: an admission reads the weights once, not once per request) and ``decode(caches,
+ids)`` feeds one token to each of several sequences; all append to the caches and return the
+float32 logits of the last fed position(s). ``refresh()``
 re-reads the model's weights; the engine calls it when it is told they changed
 (``Engine.weights_changed``: a trainer updates the model object in place), and drops the caches
 computed with the old ones. Nothing here detects a change by itself.
@@ -152,13 +154,32 @@ class NativeRunner:
     # ---------------------------------------------------------------- forward passes
     def prefill(self, cache: KVCache, ids: list[int]) -> torch.Tensor:
         """Feed ``ids`` to one sequence; the float32 logits ``[V]`` after its last token."""
-        for at in range(0, len(ids), PREFILL_CHUNK):
-            chunk = ids[at : at + PREFILL_CHUNK]
-            start = len(cache)
-            cache.reserve(len(chunk))
-            h_TD = self._forward(chunk, torch.arange(start, start + len(chunk)), [cache], [start])
-            cache.ids.extend(chunk)
-        return self._logits(h_TD[-1:])[0]
+        return self.prefill_many([cache], [ids])[0]
+
+    def prefill_many(self, caches: list[KVCache], id_lists: list[list[int]]) -> torch.Tensor:
+        """Feed ``id_lists[j]`` (at least one token) to sequence ``caches[j]``; the float32 logits
+        ``[N, V]`` after each one's last token. The sequences share each forward pass (chunk k of
+        every sequence together), so the linear layers read the weights once for all of them; each
+        attends over its own cache."""
+        last: list[torch.Tensor] = [torch.empty(0)] * len(caches)
+        for at in range(0, max(len(ids) for ids in id_lists), PREFILL_CHUNK):
+            part = [
+                (c, ids[at : at + PREFILL_CHUNK], j)
+                for j, (c, ids) in enumerate(zip(caches, id_lists, strict=True))
+                if len(ids) > at
+            ]
+            starts, lengths = [len(c) for c, _, _ in part], [len(chunk) for _, chunk, _ in part]
+            for (c, _, _), n in zip(part, lengths, strict=True):
+                c.reserve(n)
+            pos_T = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths, strict=True)])
+            ids = [t for _, chunk, _ in part for t in chunk]
+            h_TD = self._forward(ids, pos_T, [c for c, _, _ in part], starts, lengths)
+            end = 0
+            for c, chunk, j in part:
+                c.ids.extend(chunk)
+                end += len(chunk)
+                last[j] = h_TD[end - 1]
+        return self._logits(torch.stack(last))
 
     def decode(self, caches: list[KVCache], ids: list[int]) -> torch.Tensor:
         """Feed one token to each sequence; float32 logits ``[B, V]``."""
@@ -175,17 +196,22 @@ class NativeRunner:
         return F.linear(h_BD, self.lm_head).float()
 
     def _forward(
-        self, ids: list[int], pos_T: torch.Tensor, caches: list[KVCache], starts: list[int]
+        self,
+        ids: list[int],
+        pos_T: torch.Tensor,
+        caches: list[KVCache],
+        starts: list[int],
+        lengths: list[int] | None = None,
     ) -> torch.Tensor:
-        """Hidden states ``[T, D]`` for T tokens: either one sequence's chunk (``caches`` has one
-        element) or one token per sequence (``len(caches) == T``)."""
+        """Hidden states ``[T, D]`` for T tokens: ``lengths[j]`` consecutive tokens for each
+        sequence ``caches[j]``, or (``lengths`` None) one token per sequence."""
         ids_T = torch.tensor(ids, dtype=torch.long, device=self.device)
         h_TD = F.embedding(ids_T, self.embed)
         cos, sin = self.hf.model.rotary_emb(h_TD, pos_T.to(self.device)[None])
         cos_T1D, sin_T1D = cos[0, :, None, :], sin[0, :, None, :]
         for i, layer in enumerate(self.layers):
             x_TD = F.rms_norm(h_TD, h_TD.shape[-1:], layer.in_norm, self.eps)
-            a_TD = self._attention(i, layer, x_TD, cos_T1D, sin_T1D, caches, starts)
+            a_TD = self._attention(i, layer, x_TD, cos_T1D, sin_T1D, caches, starts, lengths)
             h_TD = h_TD + F.linear(a_TD, *layer.o)
             x_TD = F.rms_norm(h_TD, h_TD.shape[-1:], layer.post_norm, self.eps)
             gu = [F.linear(x_TD, w) for w in layer.gate_up]
@@ -193,7 +219,7 @@ class NativeRunner:
             h_TD = h_TD + F.linear(F.silu(gate) * up, layer.down)
         return h_TD
 
-    def _attention(self, i, layer, x_TD, cos_T1D, sin_T1D, caches, starts) -> torch.Tensor:
+    def _attention(self, i, layer, x_TD, cos_T1D, sin_T1D, caches, starts, lengths) -> torch.Tensor:
         T, H, KV, Dh = x_TD.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = torch.cat([F.linear(x_TD, w, b) for w, b in layer.qkv], -1) if len(layer.qkv) > 1 else None
         qkv = qkv if qkv is not None else F.linear(x_TD, *layer.qkv[0])
@@ -212,6 +238,14 @@ class NativeRunner:
             cache.kv[i, 0, :, start : start + T] = k_TKD.transpose(0, 1)
             cache.kv[i, 1, :, start : start + T] = v_TKD.transpose(0, 1)
             _attend_causal(q_THD, cache.keys(i, start + T), cache.values(i, start + T), start, out_THD)
+        elif lengths is not None:  # several sequences, lengths[j] new tokens each
+            at = 0
+            for cache, start, n in zip(caches, starts, lengths, strict=True):
+                cache.kv[i, 0, :, start : start + n] = k_TKD[at : at + n].transpose(0, 1)
+                cache.kv[i, 1, :, start : start + n] = v_TKD[at : at + n].transpose(0, 1)
+                q, out = q_THD[at : at + n], out_THD[at : at + n]
+                _attend_causal(q, cache.keys(i, start + n), cache.values(i, start + n), start, out)
+                at += n
         elif self.padded_decode:  # one new token per sequence, the caches padded into a batch
             _attend_padded(q_THD, torch.stack((k_TKD, v_TKD), 1), [c.kv[i] for c in caches], starts, out_THD)
         else:  # one new token per sequence, each attending over its own cache
@@ -311,6 +345,9 @@ class HFRunner:
 
     def decode(self, caches: list[KVCache], ids: list[int]) -> torch.Tensor:
         return torch.stack([self.prefill(c, [i]) for c, i in zip(caches, ids, strict=True)])
+
+    def prefill_many(self, caches: list[KVCache], id_lists: list[list[int]]) -> torch.Tensor:
+        return torch.stack([self.prefill(c, ids) for c, ids in zip(caches, id_lists, strict=True)])
 
 
 def _probe_cache_shape(model: Any) -> tuple[int, int, int]:

@@ -18,9 +18,11 @@ import numpy as np
 import torch
 
 from sage_rl.engine.decoder import make_runner
-from sage_rl.engine.kv import KVCache, PrefixStore
+from sage_rl.engine.kv import KVCache, PrefixStore, common_prefix
 from sage_rl.engine.sampler import draw
-from sage_rl.policies.base import SamplingParams
+from sage_rl.types import SamplingParams
+
+WAIT_FOR_PREFIX = 16  # tokens: prefilling more than this twice costs more than one more forward pass
 
 
 class Request(Protocol):
@@ -50,6 +52,7 @@ class EngineStats:
     prefill_tokens: int = 0  # prompt tokens computed
     reused_tokens: int = 0  # prompt tokens whose keys and values came from a cache
     decode_tokens: int = 0  # tokens fed by decode steps
+    thread_steps: dict[int, int] = dataclasses.field(default_factory=dict)  # torch threads: steps run
 
 
 class Engine:
@@ -88,30 +91,51 @@ class Engine:
         self.generation += 1
 
     def admit(self, requests: Sequence[Any]) -> None:
-        """Prefill ``requests``, draw their first tokens and add them to the batch."""
+        """Prefill ``requests``, draw their first tokens and add them to the batch.
+
+        Requests are prefilled together, in waves: a request that shares a longer prefix with an
+        earlier request of the wave (by more than :data:`WAIT_FOR_PREFIX` tokens) than with any
+        cache waits for the next wave and copies that prefix then (the G chains of a group, or
+        tasks sharing a system prompt, prefill the shared part once)."""
         if self._stale:  # new weights: every cache is stale
             self._stale = False  # first, so that a change announced meanwhile is not lost
             self.runner.refresh()
             self.store.clear()
             self.generation += 1
-        for request in requests:
-            cache = self._cache_for(request.prompt_ids)
-            prompt = request.prompt_ids
-            reused = len(cache)
-            logits_V = self.runner.prefill(cache, list(prompt[reused:]))
-            self.stats.prefill_tokens += len(prompt) - reused
-            self.stats.reused_tokens += reused
-            row = Row(request, cache, random.Random(request.seed), self.generation)
-            self._record([row], logits_V[None])
-            self.rows.append(row)
+        waiting = list(requests)
+        while waiting:
+            wave: list[tuple[Any, KVCache]] = []
+            later: list[Any] = []
+            for request in waiting:
+                prompt = np.asarray(request.prompt_ids, dtype=np.int64)
+                source, n = self._match(prompt, [c for _, c in wave])
+                shared = max((common_prefix(r.prompt_ids, prompt) for r, _ in wave), default=0)
+                if min(shared, len(prompt) - 1) > n + WAIT_FOR_PREFIX:
+                    later.append(request)
+                else:
+                    wave.append((request, self._cache_from(source, n, len(prompt))))
+            new = [list(r.prompt_ids[len(c) :]) for r, c in wave]
+            logits_NV = self.runner.prefill_many([c for _, c in wave], new)
+            rows = []
+            for (request, cache), ids in zip(wave, new, strict=True):
+                self.stats.prefill_tokens += len(ids)
+                self.stats.reused_tokens += len(cache) - len(ids)
+                rows.append(Row(request, cache, random.Random(request.seed), self.generation))
+            self._record(rows, logits_NV)
+            self.rows.extend(rows)
+            waiting = later
         self.stats.max_rows = max(self.stats.max_rows, len(self.rows))
 
-    def _cache_for(self, prompt: Sequence[int]) -> KVCache:
-        """A cache holding the longest prefix of ``prompt`` (short of its last token, whose
-        logits are needed) found among stored caches and those of the rows in flight."""
+    def _match(self, prompt: np.ndarray, others: Sequence[KVCache] = ()) -> tuple[KVCache | None, int]:
+        """The cache sharing the longest prefix with ``prompt`` among stored caches, those of the
+        rows in flight and ``others``, and that length."""
         current = [r.cache for r in self.rows if r.generation == self.generation]
-        source, n = self.store.match(np.asarray(prompt, dtype=np.int64), current)
-        usable = min(n, len(prompt) - 1)
+        return self.store.match(prompt, [*current, *others])
+
+    def _cache_from(self, source: KVCache | None, n: int, prompt_len: int) -> KVCache:
+        """A cache holding the first ``n`` positions of ``source`` (short of the prompt's last
+        token, whose logits are needed)."""
+        usable = min(n, prompt_len - 1)
         if source is None or usable <= 0:
             return self.runner.new_cache()
         if n == len(source) and self.store.take(source):  # the episode's own cache: extend it

@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import random
 import threading
 from collections.abc import Sequence
@@ -54,6 +55,7 @@ import torch
 
 from sage_rl.engine.engine import Engine, EngineStats, Row
 from sage_rl.engine.sampler import sampling_logprobs
+from sage_rl.engine.threads import ThreadPolicy
 from sage_rl.policies.base import Completion, PolicyRequest, SamplingParams
 
 __all__ = ["EngineStats", "TransformersPolicy", "resolve_dtype", "sampling_logprobs"]
@@ -86,12 +88,29 @@ def resolve_dtype(dtype: torch.dtype | str | None, model: Any) -> torch.dtype | 
 
 
 def _cpu_has_bf16() -> bool:
+    """Whether this CPU computes bfloat16 products natively *as torch will run them here*: the
+    AVX512-BF16 or AMX flag, and neither torch's kernels (``ATEN_CPU_CAPABILITY``) nor oneDNN's
+    (``ONEDNN_MAX_CPU_ISA``, which runs the bfloat16 matrix products) held below AVX-512. Elsewhere
+    bfloat16 is emulated and slower than float32 (docs/LOG.md, 2026-11-27)."""
+    return bf16_native(
+        _cpu_flags(), torch.backends.cpu.get_cpu_capability(), os.environ.get("ONEDNN_MAX_CPU_ISA", "")
+    )
+
+
+def _cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
+            return set(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
+        return set()
+
+
+def bf16_native(flags: set[str], capability: str, onednn_isa: str) -> bool:
+    """See :func:`_cpu_has_bf16`; ``capability`` is ``torch.backends.cpu.get_cpu_capability()``."""
+    if not flags & {"avx512_bf16", "amx_bf16"} or not capability.upper().startswith(("AVX512", "AMX")):
         return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    isa = onednn_isa.strip().upper()
+    return isa in ("", "ALL", "DEFAULT") or any(k in isa for k in ("BF16", "AMX", "FP16", "AVX10"))
 
 
 class TransformersPolicy:
@@ -101,7 +120,10 @@ class TransformersPolicy:
     (the agent loop sets each turn's ``max_tokens`` there). ``stop_ids`` default to the chat
     template's end-of-turn token and the eos token (``ChatRenderer.stop_ids``). ``renderer`` is
     the ``ChatRenderer`` of the tokenizer. ``dtype``: see "Precision" above; ``cache_bytes``: memory
-    for the KV caches kept between turns.
+    for the KV caches kept between turns. ``threads``: torch threads while sampling, an int, None
+    (the process's setting) or "auto" (the process's setting less the cores other processes are
+    using, measured at each step; ``sage_rl/engine/threads.py``); the process's count is restored
+    when sampling goes idle.
     """
 
     def __init__(
@@ -115,6 +137,7 @@ class TransformersPolicy:
         name: str | None = None,
         dtype: torch.dtype | str | None = None,
         cache_bytes: int = 2 << 30,
+        threads: int | str | None = "auto",
     ) -> None:
         from sage_rl.agent.render import ChatRenderer
 
@@ -126,6 +149,7 @@ class TransformersPolicy:
         self.stop_ids = tuple(stop_ids) if stop_ids is not None else self.renderer.stop_ids
         self.name = name or f"transformers:{getattr(model.config, 'name_or_path', '') or 'model'}"
         self.dtype = resolve_dtype(dtype, model)
+        self.threads = ThreadPolicy(threads)
         with torch.inference_mode():
             self.engine = Engine(model, self.stop_ids, self.dtype, cache_bytes)
         self._streams: dict[int | None, random.Random] = {}
@@ -178,10 +202,14 @@ class TransformersPolicy:
     def _serve(self) -> None:
         was_training = self.model.training
         self.model.eval()
+        self.threads.start()
         try:
             with torch.inference_mode():
                 stopped = False
                 while not stopped:
+                    count = self.threads.step()
+                    steps = self.engine.stats.thread_steps
+                    steps[count] = steps.get(count, 0) + 1
                     results = self._advance(self._take(self.max_batch - len(self.engine.rows)))
                     # Stop (restoring the model's mode) *before* handing out the last results, so
                     # that nothing touches the model once its callers have their answers.
@@ -190,6 +218,7 @@ class TransformersPolicy:
                         _resolve(future, outcome)
         except BaseException:
             with self._lock:
+                self.threads.stop()
                 self.model.train(was_training)
                 self._running = False
             raise
@@ -206,6 +235,7 @@ class TransformersPolicy:
             if any(not p.future.done() for p in self._pending):
                 return False
             self._pending.clear()
+            self.threads.stop()
             self.model.train(was_training)
             self._running = False  # from here on, a new request starts a new thread
             return True

@@ -1,0 +1,97 @@
+"""The sampling thread's torch thread count: fixed, or "auto" (the cores other processes leave free)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from sage_rl.engine import threads as threads_mod
+from sage_rl.engine.threads import ThreadPolicy, auto_threads, others_running, threads_setting
+from sage_rl.policies.base import PolicyRequest, SamplingParams
+from sage_rl.policies.transformers_policy import TransformersPolicy, bf16_native, resolve_dtype
+
+
+def test_auto_uses_the_cores_other_processes_leave_free():
+    assert auto_threads(0.0, cores=2, ceiling=2) == 2
+    assert auto_threads(0.2, cores=2, ceiling=2) == 2  # a sliver of a core: still ours
+    assert auto_threads(0.3, cores=2, ceiling=2) == 1
+    assert auto_threads(1.0, cores=2, ceiling=2) == 1
+    assert auto_threads(7.0, cores=2, ceiling=2) == 1  # never below one
+    assert auto_threads(1.0, cores=8, ceiling=4) == 4  # never above the process's count
+    assert auto_threads(5.0, cores=8, ceiling=8) == 3
+
+
+def test_bad_thread_settings_are_refused_by_name():
+    for bad in (0, -2, "many", True, 1.5):
+        with pytest.raises(ValueError, match="threads must be"):
+            threads_setting(bad)
+    assert [threads_setting(v) for v in (None, "auto", 3)] == [None, "auto", 3]
+
+
+def test_others_running_counts_runnable_threads_not_ours(tmp_path):
+    (tmp_path / "loadavg").write_text("3.10 2.00 1.50 5/211 4242\n")
+    for tid, name, state in ((1, "python", "R"), (2, "a (weird) name", "R"), (3, "omp", "S")):
+        (tmp_path / "self" / "task" / str(tid)).mkdir(parents=True)
+        (tmp_path / "self" / "task" / str(tid) / "stat").write_text(f"{tid} ({name}) {state} 1 2 3\n")
+    assert others_running(tmp_path) == 3.0  # 5 runnable, 2 of them ours
+    assert others_running(tmp_path / "missing") is None
+
+
+def test_policy_sets_threads_while_stepping_and_restores_them():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        policy = ThreadPolicy("auto", probe=lambda: 1.0)
+        policy.cores = 2
+        policy.start()
+        assert policy.step() == 1 and torch.get_num_threads() == 1  # one core taken by others
+        policy.stop()
+        assert torch.get_num_threads() == 2
+        quiet = ThreadPolicy("auto", probe=lambda: 0.0)
+        quiet.cores = 2
+        quiet.start()
+        assert quiet.step() == 2
+        quiet.stop()
+        blind = ThreadPolicy("auto", probe=lambda: None)  # no /proc: the process's count
+        blind.start()
+        assert blind.step() == 2
+        blind.stop()
+        fixed = ThreadPolicy(1)
+        fixed.start()
+        assert fixed.step() == 1
+        fixed.stop()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_transformers_policy_samples_with_auto_threads_and_restores(tiny, monkeypatch):
+    model, tok = tiny
+    before = torch.get_num_threads()
+    monkeypatch.setattr(threads_mod, "others_running", lambda: 9.0)  # a busy machine
+    monkeypatch.setattr(threads_mod, "usable_cores", lambda: 2)
+    try:
+        torch.set_num_threads(2)
+        policy = TransformersPolicy(model, tok, stop_ids=())
+        assert policy.threads.setting == "auto"  # the default
+        params = SamplingParams(temperature=1.0, max_tokens=5, seed=1)
+        out = asyncio.run(policy.generate(PolicyRequest((), (1, 2, 3), params)))
+        assert len(out.token_ids) == 5
+        assert set(policy.stats.thread_steps) == {1} and sum(policy.stats.thread_steps.values()) >= 5
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_auto_dtype_is_float32_where_bfloat16_is_emulated(tiny, monkeypatch):
+    bf16_cpu = {"avx2", "avx512f", "avx512_bf16"}
+    assert bf16_native(bf16_cpu, "AVX512", "")
+    assert not bf16_native({"avx2", "fma"}, "AVX2", "")  # AMD EPYC Zen 3: no bf16 instructions
+    assert not bf16_native(bf16_cpu, "AVX2", "")  # ATEN_CPU_CAPABILITY=avx2
+    assert not bf16_native(bf16_cpu, "AVX512", "AVX2")  # ONEDNN_MAX_CPU_ISA=AVX2: emulated products
+    assert not bf16_native(bf16_cpu, "AVX512", "avx512_core")
+    assert bf16_native({"amx_bf16", "avx512_bf16"}, "AVX512", "AVX512_CORE_AMX")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert resolve_dtype("auto", tiny[0]) is None  # the model's own float32, on any CPU
