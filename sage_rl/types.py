@@ -10,9 +10,20 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """``text`` with each surrogate code point replaced by U+FFFD. A lone surrogate (``"\\ud800"``,
+    from a malformed reply of a server) is not a character: UTF-8 cannot encode it, nor can a
+    tokenizer or a web page. Text from outside is cleaned with this where it enters (the OpenAI
+    policy) and where it leaves for a reader (the viewer's page); records keep it (``dumps``)."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -29,8 +40,14 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def dumps(obj: Any) -> str:
-    """One JSON line for a dataclass (or plain value)."""
-    return json.dumps(to_jsonable(obj), ensure_ascii=False, sort_keys=True)
+    """One JSON line for a dataclass (or plain value), always encodable as UTF-8.
+
+    Text is kept as UTF-8 except what UTF-8 cannot encode: a lone surrogate (``"\\ud800"``, from a
+    malformed model reply or agent output) is written as its JSON escape, ``\\ud800``, so the line
+    reads back as the same string and no text can make writing it fail (docs/metrics.md)."""
+    text = json.dumps(to_jsonable(obj), ensure_ascii=False, sort_keys=True)
+    # Surrogates only occur inside JSON strings, where backslashreplace's \udXXX is a valid escape.
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 # --------------------------------------------------------------------------------------------

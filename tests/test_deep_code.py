@@ -16,8 +16,8 @@ from test_episode import TASK, DefiningSuite, OneEnvSuite, ScriptPolicy, _runner
 from sage_rl.agent.parse import CodeSource, parse_reply
 from sage_rl.agent.syntax import MAX_DEPTH, TOO_DEEP, CodeError, parse_code
 from sage_rl.policies.base import Completion
-from sage_rl.rollout.episode import AgentConfig
 from sage_rl.rollout.batch import RolloutConfig, rollout_batch, to_samples
+from sage_rl.rollout.episode import AgentConfig
 from sage_rl.skills.extract import SavePolicy, extract_skills
 from sage_rl.skills.library import Library
 from sage_rl.skills.record import SkillError, make_skill
@@ -98,7 +98,9 @@ def test_extraction_skips_what_it_cannot_analyse_and_keeps_the_rest():
 
 
 def test_the_episode_answers_with_a_parse_error_and_the_turn_counts():
-    policy = ScriptPolicy([FENCED, DASHES, TILDES, f"```python\n{DEEP_DEF}\ng()\n```", "```python\ncomplete()\n```"])
+    policy = ScriptPolicy(
+        [FENCED, DASHES, TILDES, f"```python\n{DEEP_DEF}\ng()\n```", "```python\ncomplete()\n```"]
+    )
     env = FakeEnv()
     runner = _runner(policy, OneEnvSuite(env), agent=AgentConfig(max_steps=6))
     chain = asyncio.run(runner.run((TASK,), Library()))
@@ -152,6 +154,8 @@ def test_the_viewer_shows_a_run_with_such_code(tmp_path):
     old_chain = dataclasses.replace(chain, group_index=1, trajectories=(old,))
     run = tmp_path / "eval"
     run.mkdir()
-    (run / "trajectories.same_scenario.jsonl").write_text("".join(dumps(c) + "\n" for c in (chain, old_chain)))
+    (run / "trajectories.same_scenario.jsonl").write_text(
+        "".join(dumps(c) + "\n" for c in (chain, old_chain))
+    )
     html, _ = build_html(run)
     assert "nests more than" in html and html.count('<details class="traj') == 2

@@ -165,7 +165,10 @@ def export_sharegpt(
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     data_file = out / f"{name}.json"
-    data_file.write_text(json.dumps(rows, ensure_ascii=False, indent=1), encoding="utf-8")
+    # a lone surrogate (UTF-8 cannot encode it) becomes its JSON escape, as in types.dumps
+    data_file.write_text(
+        json.dumps(rows, ensure_ascii=False, indent=1), encoding="utf-8", errors="backslashreplace"
+    )
     info_path = out / "dataset_info.json"
     info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
     info[name] = dataset_info_entry(data_file.name, observation_tag)

@@ -1,11 +1,20 @@
-"""Presenting evaluation results: a rich table, a Markdown report, PNG plots, and the run folder."""
+"""Presenting evaluation results: a rich table, a Markdown report, PNG plots, and the run folder.
+
+Nothing finished is lost (issue 30): each chain is appended to its ``trajectories.<strategy>.jsonl``
+as it finishes (``ChainLog``, used by ``run_eval``), and ``write_run`` writes each part of the
+folder on its own, so a part that fails (a plot, a report) costs only itself. Records are written
+by ``types.dumps``, which no text can make fail.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -13,6 +22,8 @@ from rich.table import Table
 from sage_rl.eval.ci import format_ci
 from sage_rl.eval.metrics import EvalMetrics
 from sage_rl.types import Chain, dumps
+
+log = logging.getLogger(__name__)
 
 #: (label, attribute, format) of the headline rows, in the paper's order (SAGE.md section 9).
 HEADLINE = (
@@ -122,6 +133,11 @@ def plot_results(results: Mapping[str, EvalMetrics], path: Path) -> None:
     plt.close(fig)
 
 
+class ReportError(RuntimeError):
+    """Parts of a run folder could not be written. The message names each, and says that the
+    other parts were written."""
+
+
 def write_run(
     out: Path,
     results: Mapping[str, EvalMetrics],
@@ -129,18 +145,80 @@ def write_run(
     config_yaml: str,
     title: str,
 ) -> None:
-    """The run folder: config, trajectories (JSON Lines), metrics.json, report.md, plots."""
+    """The run folder: config, trajectories (JSON Lines, one chain per line, in scenario order),
+    metrics.json, report.md, plots. Every part is attempted, the records first; a part that fails
+    leaves the others (and a streamed trajectories file stays until its complete replacement is
+    written). Raises ``ReportError`` naming what failed."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(config_yaml)
+    parts: list[tuple[str, Callable[[], Any]]] = [
+        ("config.yaml", lambda: _write(out / "config.yaml", config_yaml))
+    ]
     for name, cs in chains.items():
-        with open(out / f"trajectories.{name}.jsonl", "w") as f:
-            for c in cs:
-                f.write(dumps(c) + "\n")
-    (out / "metrics.json").write_text(
-        json.dumps({k: dataclasses.asdict(m) for k, m in results.items()}, indent=2)
-    )
-    (out / "report.md").write_text(markdown_report(results, title, config_yaml))
-    plot_results(results, out / "by_position.png")
+        path = out / f"trajectories.{name}.jsonl"
+        parts.append((path.name, lambda path=path, cs=cs: write_jsonl(path, cs)))
+    parts += [
+        ("metrics.json", lambda: _write(out / "metrics.json", metrics_json(results))),
+        ("report.md", lambda: _write(out / "report.md", markdown_report(results, title, config_yaml))),
+        ("by_position.png", lambda: plot_results(results, out / "by_position.png")),
+    ]
+    failed = []
+    for name, write in parts:
+        try:
+            write()
+        except Exception as e:
+            failed.append(f"{name} ({type(e).__name__}: {e})")
+    if failed:
+        raise ReportError(
+            f"{out}: could not write {'; '.join(failed)}; the rest of the run folder was written"
+        )
+
+
+def metrics_json(results: Mapping[str, EvalMetrics]) -> str:
+    return json.dumps({k: dataclasses.asdict(m) for k, m in results.items()}, indent=2)
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8", errors="backslashreplace")
+
+
+def write_jsonl(path: Path, records: Iterable[Any]) -> None:
+    """``path`` as one JSON line per record, replaced only once complete (a failure leaves the
+    file that was there)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(dumps(r) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class ChainLog:
+    """``trajectories.<strategy>.jsonl`` written as chains finish: one line each, flushed, so what
+    finished is on disk whatever happens to the run later. Starts the file empty. A chain that
+    cannot be written is logged and skipped (the chains are written again, complete and in order,
+    by ``write_run``); it never stops the evaluation."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path, self._file = path, open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+
+    def append(self, chain: Chain) -> None:
+        try:
+            self._file.write(dumps(chain) + "\n")
+            self._file.flush()
+        except Exception as e:
+            log.warning("%s: a chain was not written as it finished: %s: %s", self.path, type(e).__name__, e)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> ChainLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def print_table(results: Mapping[str, EvalMetrics], title: str, console: Console | None = None) -> None:

@@ -9,6 +9,7 @@ evaluations both call ``run_eval``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from pydantic import Field, field_validator
 
 from sage_rl.config import Section
 from sage_rl.eval.metrics import EvalMetrics, compute_metrics
+from sage_rl.eval.report import ChainLog
 from sage_rl.rollout.chain import ChainRunner
 from sage_rl.skills.library import Library
 from sage_rl.skills.retrieval import STRATEGIES, make_retriever
@@ -75,8 +77,10 @@ async def run_eval(
 
     ``progress`` is a rich ``Progress`` (one bar per strategy, labelled ``label + strategy``);
     ``step`` is the training step recorded in the provenance of skills saved meanwhile;
-    ``record_dir``: the suite keeps its own per-task outputs there (``Suite.record_to``), one
-    variant per strategy when there are several.
+    ``record_dir`` is the run folder: each chain is appended to its
+    ``trajectories.<strategy>.jsonl`` there as it finishes (``report.ChainLog``; ``write_run``
+    later rewrites it in scenario order), and the suite keeps its own per-task outputs there
+    (``Suite.record_to``), one variant per strategy when there are several.
     """
     scenarios = scenarios_of(runner.suite.split(cfg.split))[: cfg.limit_scenarios]
     tasks = [t for s in scenarios for t in s]
@@ -84,15 +88,22 @@ async def run_eval(
     t0 = time.perf_counter()
     metrics, chains = {}, {}
     for strategy in cfg.strategies:
+        log = None
         if record_dir is not None:
             runner.suite.record_to(record_dir, strategy if len(cfg.strategies) > 1 else None)
-        on_done = None
-        if progress is not None:
-            job = progress.add_task(f"{label}{strategy}: scenarios", total=len(scenarios))
-            on_done = lambda _chain, job=job: progress.advance(job)  # noqa: E731
-        done = await evaluate_chains(
-            with_strategy(runner, strategy), tasks, library, cfg.concurrency, on_done, step
-        )
+            log = ChainLog(record_dir / f"trajectories.{strategy}.jsonl")
+        job = progress.add_task(f"{label}{strategy}: scenarios", total=len(scenarios)) if progress else None
+
+        def on_done(chain: Chain, log: ChainLog | None = log, job: Any = job) -> None:
+            if log is not None:
+                log.append(chain)
+            if progress is not None:
+                progress.advance(job)
+
+        with log or contextlib.nullcontext():
+            done = await evaluate_chains(
+                with_strategy(runner, strategy), tasks, library, cfg.concurrency, on_done, step
+            )
         chains[strategy], metrics[strategy] = done, compute_metrics(done)
     return EvalResult(metrics, chains, time.perf_counter() - t0)
 

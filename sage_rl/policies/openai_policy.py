@@ -15,6 +15,10 @@ rejects these optional fields with a 400 is asked again without them, once, and 
 this policy sends plain requests: text and usage counts only. (Only a 400 whose message names
 one of those fields counts as a refusal; other 400s, e.g. a too-long prompt, are raised.)
 
+Text: the reply's text is taken as the server sent it, except a lone surrogate (``"\\ud800"``, which
+a JSON body can spell but which is no character: UTF-8, tokenizers and the next request cannot
+carry it), replaced by U+FFFD (``types.valid_text``). Token ids, where returned, are kept exact.
+
 Failures: 429, 5xx, timeouts and refused connections are retried with exponential backoff
 (``Retry-After`` is honoured); then, and for 401/403/404/other 4xx at once, an
 ``OpenAIPolicyError`` is raised whose message says what was wrong (URL, key or model).
@@ -29,6 +33,7 @@ from typing import Any, Literal
 import httpx
 
 from sage_rl.policies.base import Completion, PolicyRequest, SamplingParams
+from sage_rl.types import valid_text
 
 _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 _MAX_RETRY_AFTER_S = 30.0
@@ -229,10 +234,14 @@ class OpenAIPolicy:
             raise OpenAIPolicyError(
                 f"unexpected response shape from {self.base_url}: {str(data)[:300]}"
             ) from None
+        if text is not None and not isinstance(text, str):
+            raise OpenAIPolicyError(
+                f"unexpected response from {self.base_url}: the completion's text is a {type(text).__name__}"
+            )
         ids, logprobs = _tokens(choice, self.mode)
         usage = data.get("usage") or {}
         return Completion(
-            text=text or "",
+            text=valid_text(text or ""),  # a lone surrogate is no character: U+FFFD (module docstring)
             token_ids=ids,
             logprobs=logprobs if len(logprobs) == len(ids) else (),
             finish_reason="length" if choice.get("finish_reason") == "length" else "stop",

@@ -22,7 +22,7 @@ from sage_rl.agent.syntax import CodeError, parse_code
 from sage_rl.config import Section
 from sage_rl.envs.base import Environment
 from sage_rl.policies.base import Policy, PolicyRequest, SamplingParams
-from sage_rl.types import Completion, ExecResult, StopReason, Task, Turn, cell_origin
+from sage_rl.types import Completion, ExecResult, StopReason, Task, Turn, cell_origin, valid_text
 
 #: What a turn without code gets back: a corrective observation, and no execution.
 NO_CODE_RESULT = ExecResult(NO_CODE_OBSERVATION, ok=False)
@@ -109,7 +109,12 @@ async def _execute(env: Environment, code: str | None, step: int) -> ExecResult:
     tree = parse_code(code)
     if isinstance(tree, CodeError) and tree.too_deep:
         return ExecResult(tree.message, ok=False)
-    return await env.execute(code, cell_origin(step))
+    result = await env.execute(code, cell_origin(step))
+    # The observation is text from outside too: a lone surrogate in it would stop the tokenizer.
+    observation = valid_text(result.observation)
+    if observation != result.observation:
+        result = dataclasses.replace(result, observation=observation)
+    return result
 
 
 def turn_room(cfg: AgentConfig, context_used: int, generated: int) -> tuple[int, StopReason]:

@@ -26,6 +26,7 @@ from pygments.lexers import PythonLexer, YamlLexer
 from pygments.styles import get_style_by_name
 from pygments.token import Token
 
+from sage_rl.types import valid_text
 from sage_rl.view.chains import ChainOptions, section_view
 from sage_rl.view.collected import collect_sections
 from sage_rl.view.compare import CompareView, compare, compared_sections
@@ -237,7 +238,8 @@ def render(runs: Sequence[RunPage], comparison: CompareView | None, max_chars: i
 def build_html(
     run_dir: str | Path, other: str | Path | None = None, page_size: int = 100, max_chars: int = 4000
 ) -> tuple[str, list[RunPage]]:
-    """The page of ``run_dir`` (and ``other``, side by side, with a Compare tab)."""
+    """The page of ``run_dir`` (and ``other``, side by side, with a Compare tab). Always valid
+    UTF-8: a lone surrogate that a record kept (``types.dumps``) is shown as U+FFFD."""
     paths = [Path(run_dir)] + ([Path(other)] if other is not None else [])
     labels = _labels(paths)
     runs = [
@@ -248,7 +250,7 @@ def build_html(
     if len(runs) == 2:
         (sa, scope_a), (sb, scope_b) = (compared_sections(r.run.kind, r.sections) for r in runs)
         comparison = compare((runs[0].label, runs[1].label), sa, sb, (scope_a, scope_b))
-    return render(runs, comparison, max_chars), runs
+    return valid_text(render(runs, comparison, max_chars)), runs
 
 
 def _labels(paths: Sequence[Path]) -> list[str]:
