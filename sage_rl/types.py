@@ -177,9 +177,10 @@ class CallRecord:
 
     ``origin`` is the filename its code object was compiled with: ``<cell-N>`` or ``<skill:NAME>``.
     ``errors`` counts the calls that raised; ``with_api`` the calls that returned without raising
-    AND made at least one successful API call while they ran (directly or through functions they
-    called; generator and async functions never count). Records written before issue 30 have no
-    ``with_api`` (read as 0).
+    AND made at least one successful API call while they ran, made by their own code, by functions
+    of the same origin or by library skills they called (not by the task's code passed in as a
+    callback; generator and async functions never count; sage_rl/sandbox/tracking.py). Records
+    written before issue 30 have no ``with_api`` (read as 0).
     """
 
     name: str

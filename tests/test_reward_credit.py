@@ -33,11 +33,13 @@ def _answer(task) -> str:
 
 COMPLETE = "\napis.supervisor.complete_task(answer={answer})"
 
-#: Task 1 defines both skills: one that makes an API call, one that does not.
+#: Task 1 defines three skills: one that makes an API call, one that does not, and one that only
+#: calls what it is given.
 DEFINE = (
     "def get_email():\n    return apis.supervisor.show_profile()['email']\n"
     "def get_two():\n    return 2\n"
-    "print(get_email(), get_two())" + COMPLETE
+    "def call(f):\n    return f()\n"
+    "print(get_email(), get_two(), call(get_two))" + COMPLETE
 )
 
 
@@ -120,6 +122,23 @@ def test_a_skill_whose_api_calls_all_failed_earns_nothing_by_default():
 def test_an_api_call_outside_the_skill_does_not_make_it_credited():
     c, r = chain("print(get_two(), apis.supervisor.show_profile()['email'])" + COMPLETE)
     assert c.trajectories[1].skills_used == () and r == (1.0, 1.0)
+
+
+def test_a_skill_that_only_calls_the_tasks_own_api_code_earns_nothing_by_default():
+    """``call(lambda: apis...)``: the API call happens while the skill runs, but the task's code
+    makes it; only API calls made by the skill's own code (or code it calls from the library or
+    defines itself) count."""
+    c, r = chain("print(call(lambda: apis.supervisor.show_profile()['email']))" + COMPLETE)
+    assert c.trajectories[1].skills_used == () and r == (1.0, 1.0)
+    c, r = chain("def mine():\n    return apis.supervisor.show_profile()\nprint(call(mine))" + COMPLETE)
+    assert c.trajectories[1].skills_used == () and r == (1.0, 1.0)
+
+
+def test_a_skill_handed_an_api_is_credited():
+    """``fetch_all(api, ...)`` in the reference solutions: the skill's own code calls the API it was
+    given."""
+    c, r = chain("print(call(apis.supervisor.show_profile)['email'])" + COMPLETE)
+    assert c.trajectories[1].skills_used == ("call",) and r == (2.0, 2.0)
 
 
 def test_a_skill_called_through_a_task_helper_is_credited():

@@ -5,6 +5,7 @@ and the call records' ``with_api`` / the parent's ``api_ok`` that the default sk
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import types
 
 import pytest
@@ -39,6 +40,7 @@ REFUSED = {
     "x = t.tb_next": "the attribute 'tb_next' is not allowed",
     "import datetime\ndatetime.sys.modules": "the attribute 'sys' is not allowed",
     "import typing\ntyping.get_type_hints(f)": "the attribute 'get_type_hints' is not allowed",
+    "from functools import singledispatch": "importing 'singledispatch' from 'functools' is not allowed",
     "import string\nstring.Formatter().get_field('0.x', [1], {})": "the attribute 'get_field' is not allowed",
     "object.__subclasses__()": "the attribute '__subclasses__' is not allowed",
     "print(__builtins__)": "the name '__builtins__' is not allowed",
@@ -99,7 +101,13 @@ def test_every_reference_solution_keeps_the_rules():
 
 def _modules_reachable() -> dict[str, str]:
     """path -> module name, for every module reachable from an allowed module by public attributes
-    whose names the rules allow."""
+    whose names the rules allow. The public submodules of allowed packages are imported first: the
+    worker's template may have imported them (``json.tool`` brings ``argparse``)."""
+    for name in sorted(ALLOWED_MODULES):
+        package = importlib.import_module(name)
+        for info in pkgutil.iter_modules(getattr(package, "__path__", []), name + "."):
+            if not info.name.rsplit(".", 1)[1].startswith("_"):
+                importlib.import_module(info.name)
     out: dict[str, str] = {}
     todo = [(name, importlib.import_module(name)) for name in sorted(ALLOWED_MODULES)]
     seen = set()
@@ -166,7 +174,9 @@ def test_a_library_skill_that_breaks_the_rules_does_not_load(sandbox):
 def test_with_api_counts_returned_calls_that_made_a_successful_api_call(sandbox):
     """Worked out by hand: ``fetch`` is called 4 times: returns after an API call (1), raises after
     one (2), returns after a failed API call only (3), returns through ``inner`` (4); ``pure`` never
-    calls an API; ``inner`` makes the successful call of call 4."""
+    calls an API; ``inner`` makes the successful call of call 4 and of ``run(inner)``; ``run`` is
+    called 3 times: with a lambda of the task's (its API call is the task's, not the skill's), with
+    a function of the task's (the same), with the library's ``inner`` (counts)."""
     world = FakeWorld()
     skill = (
         "def inner():\n    return apis.bank.balance()\n"
@@ -176,10 +186,13 @@ def test_with_api_counts_returned_calls_that_made_a_successful_api_call(sandbox)
         "    if mode == 'failed':\n        try:\n            apis.bank.nope()\n        except ApiError:\n            return 0\n"
         "    return inner()\n"
         "def pure():\n    return 2\n"
+        "def run(f):\n    return f()\n"
     )
     cell = (
         "fetch('ok')\ntry:\n    fetch('raise')\nexcept ValueError:\n    pass\n"
-        "fetch('failed')\nfetch('nested')\npure()\nprint('done')"
+        "fetch('failed')\nfetch('nested')\npure()\n"
+        "def mine():\n    return apis.bank.balance()\n"
+        "run(lambda: apis.bank.balance())\nrun(mine)\nrun(inner)\nprint('done')"
     )
 
     async def go():
@@ -196,9 +209,11 @@ def test_with_api_counts_returned_calls_that_made_a_successful_api_call(sandbox)
     assert r.observation == "done\n", r.observation
     recs = {rec.name: rec for rec in r.calls}
     assert recs["fetch"] == CallRecord("fetch", skill_origin("fetch"), calls=4, errors=1, with_api=2)
-    assert recs["inner"] == CallRecord("inner", skill_origin("fetch"), calls=1, errors=0, with_api=1)
+    assert recs["inner"] == CallRecord("inner", skill_origin("fetch"), calls=2, errors=0, with_api=2)
     assert recs["pure"] == CallRecord("pure", skill_origin("fetch"), calls=1, errors=0, with_api=0)
-    assert r.api_ok == 3  # ok, raise (its API call succeeded), nested; 'failed' and nope failed
+    assert recs["run"] == CallRecord("run", skill_origin("fetch"), calls=3, errors=0, with_api=1)
+    assert recs["mine"] == CallRecord("mine", "<cell-0>", calls=1, errors=0, with_api=1)
+    assert r.api_ok == 6  # ok, raise (its API call succeeded), nested, lambda, mine, inner; not nope
 
 
 def test_in_process_executor_reports_the_same(tmp_path):
@@ -212,10 +227,14 @@ def test_in_process_executor_reports_the_same(tmp_path):
 
     async def go():
         await ex.execute(
-            "def f():\n    return apis.bank.balance()\ndef g():\n    return 2", skill_origin("f")
+            "def f():\n    return apis.bank.balance()\ndef g(h=None):\n    return h() if h else 2",
+            skill_origin("f"),
         )
-        return await ex.execute("f()\ng()\nimport gc", "<cell-0>"), await ex.execute("f()\ng()", "<cell-1>")
+        refused = await ex.execute("f()\ng()\nimport gc", "<cell-0>")
+        return refused, await ex.execute("f()\ng()\ng(lambda: apis.bank.balance())\ng(f)", "<cell-1>")
 
     refused, r = asyncio.run(go())
     assert refused.observation.startswith("RuleError: line 3: import of 'gc'")
-    assert {rec.name: rec.with_api for rec in r.calls} == {"f": 1, "g": 0} and r.api_ok == 1
+    recs = {rec.name: rec for rec in r.calls}
+    assert (recs["f"].calls, recs["f"].with_api, recs["g"].calls, recs["g"].with_api) == (2, 2, 3, 1)
+    assert r.api_ok == 3

@@ -11,7 +11,8 @@ stop that. So agent code is held to a smaller language, checked in two places:
   - uses an attribute whose name starts with ``_`` (except ``__init__``, ``__name__``,
     ``__doc__``) or is in ``DENIED_ATTRS`` (frame, traceback, generator, coroutine and code
     attributes; names under which allowed modules expose other modules, such as ``datetime.sys``;
-    ``get_type_hints``, which evaluates strings; ``get_field``, a getattr by string), whether as
+    ``get_type_hints`` and ``singledispatch``, which evaluate strings; ``get_field``, a getattr by
+    string), whether as
     ``x.name``, in ``from m import name`` or in a ``case C(name=...)`` pattern;
   - names a dunder (``__builtins__``, ``__import__``) or a builtin in ``DENIED_BUILTINS``
     (``eval``, ``exec``, ``compile``, ``globals``, ``locals``, ``vars``, ``open``, ...).
@@ -86,9 +87,10 @@ def _introspection_attrs() -> frozenset[str]:
 #: this list against the modules themselves on the running Python).
 DENIED_ATTRS = _introspection_attrs() | {
     "get_type_hints",  # typing: evaluates strings as code
+    "singledispatch", "singledispatchmethod",  # functools: register() evaluates string annotations
     "get_field",  # string.Formatter: an attribute lookup by string, in C
     # modules reachable as attributes of allowed modules
-    "binascii", "bltns", "builtins", "codecs", "contextlib", "copyreg", "gc", "inspect", "keyword",
+    "argparse", "binascii", "bltns", "builtins", "codecs", "contextlib", "copyreg", "gc", "inspect", "keyword",
     "operator", "os", "platform", "struct", "sys", "types", "warnings",
 }  # fmt: skip
 

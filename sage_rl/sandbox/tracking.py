@@ -16,10 +16,15 @@ Semantics, stated once:
 - a generator or async function counts when its body starts running, and raised when its body
   raises (not when it is merely created);
 - ``with_api``: each running call of a plain function has an entry on its thread's stack of open
-  calls; the bridge reports each successful API call (``api_ok``) to the innermost open call, and a
-  call passes its count on to its caller when it ends, so an API call made by a helper counts for
-  every open call around it. A call that raised never counts. Generator and async functions are
-  not on the stack (their bodies run interleaved with other code): they never count ``with_api``;
+  calls; the bridge reports each successful API call (``api_ok``) to the innermost open call when
+  the agent code that made it (the nearest frame compiled from a cell or a skill) has that call's
+  origin: the function's own code, a lambda or comprehension in it, or a function of the same
+  origin. A call passes its count on to its caller when it ends if it has the caller's origin or is
+  a library skill's, so an API call made by a skill's own helpers or by the skills it calls counts
+  for it; an API call made by the task's own code passed in as a callback (``call_it(lambda:
+  apis...)``, ``call_it(task_function)``) counts for no skill. A call that raised never counts.
+  Generator and async functions are not on the stack (their bodies run interleaved with other
+  code): they never count ``with_api``;
 - the records are computed inside the worker. Only agent code that breaks the rules of
   ``rules.py`` (refused in the parent before a cell runs: introspection, private attributes, raw
   file descriptors) could reach the tracker or the channel; see docs/sandbox.md, "What agent code
@@ -34,6 +39,7 @@ import ast
 import functools
 import inspect
 import secrets
+import sys
 import threading
 import types
 from collections.abc import Callable
@@ -64,11 +70,11 @@ class _Instrument(ast.NodeTransformer):
 
 
 class _OpenCalls(threading.local):
-    """Per thread: one entry per running call of a tracked plain function, innermost last; each
-    entry counts the successful API calls made inside that call so far."""
+    """Per thread: one ``[count, origin]`` entry per running call of a tracked plain function,
+    innermost last; ``count`` is the successful API calls made inside that call so far."""
 
     def __init__(self) -> None:
-        self.stack: list[int] = []
+        self.stack: list[list[Any]] = []
 
 
 class CallTracker:
@@ -87,10 +93,11 @@ class CallTracker:
         self.open = _OpenCalls()  # a call cut short by a timeout leaves nothing for the next cell
 
     def api_ok(self) -> None:
-        """One API call succeeded: credit the innermost running call of this thread (if any)."""
+        """One API call succeeded: credit the innermost running call of this thread when the agent
+        code that made the API call has that call's origin (module docstring)."""
         stack = self.open.stack
-        if stack:
-            stack[-1] += 1
+        if stack and stack[-1][1] == agent_origin(sys._getframe(1)):
+            stack[-1][0] += 1
 
     def compile(self, code: str, origin: str) -> types.CodeType:
         """Compile agent code as ``origin`` with call tracking. Raises SyntaxError/ValueError as
@@ -140,15 +147,30 @@ def _counter(tracker: CallTracker, key: tuple[str, str]) -> list[int]:
     return n
 
 
-def _close(stack: list[int]) -> int:
-    """End the innermost open call: its count of successful API calls, also added to its caller's."""
-    made = stack.pop() if stack else 0
-    if made and stack:
-        stack[-1] += made
+def agent_origin(frame: types.FrameType | None) -> str | None:
+    """The filename of the nearest frame of agent code (a cell or a skill) from ``frame`` outwards."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(AGENT_PREFIXES):
+            return name
+        frame = frame.f_back
+    return None
+
+
+def _close(stack: list[list[Any]]) -> int:
+    """End the innermost open call: its count of successful API calls, also added to its caller's
+    when it has the caller's origin or is a library skill's (module docstring)."""
+    if not stack:
+        return 0
+    made, origin = stack.pop()
+    if made and stack and (origin == stack[-1][1] or origin.startswith(SKILL_ORIGIN_PREFIX)):
+        stack[-1][0] += made
     return made
 
 
 def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., Any]) -> Callable[..., Any]:
+    origin = key[1]
+
     def tracked(*args: Any, **kwargs: Any) -> Any:
         # _counter inlined: this wrapper is on the path of every call of an agent function
         counts = tracker.counts
@@ -157,7 +179,7 @@ def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., An
             n = counts[key] = [0, 0, 0]
         n[0] += 1
         stack = tracker.open.stack
-        stack.append(0)
+        stack.append([0, origin])
         try:
             value = fn(*args, **kwargs)
         except BaseException:

@@ -4,8 +4,9 @@ A task used a library skill when the skill's own code ran and returned, and (und
 credit rule) did some work in the world while it ran. Two credit rules (``SkillCredit``):
 
 - ``api`` (default): a call of the skill counts when it returned without raising AND made at least
-  one successful API call while it ran (directly or through functions it called). A skill that
-  only computes (``def get_two(): return 2``) is never credited;
+  one successful API call while it ran, by its own code, its own helpers or library skills it
+  called (``CallRecord.with_api``). A skill that only computes (``def get_two(): return 2``), or
+  only calls what the task hands it, is never credited;
 - ``paper``: the paper's rule, a call counts when it returned without raising.
 
 Two detectors, which agree on the shared corpus in ``tests/skill_corpus.py``:

@@ -5,7 +5,8 @@ or ``<skill:NAME>``). ``sys.settrace`` sees every call; the global tracer ignore
 (the world's own code is never line-traced), so the overhead stays on the agent's few frames.
 A call counts as an error when the function exits by an exception (an "exception" event followed
 by "return" with no "line" in between, i.e. not caught inside the function). ``with_api`` counts
-the calls that returned after ``api_ok`` was reported while they ran (as the sandbox's tracker).
+the calls that returned after a successful API call made by their own code, their helpers of the
+same origin or library skills they called (the sandbox's rule: sage_rl/sandbox/tracking.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from types import FrameType
 from typing import Any
 
+from sage_rl.sandbox.tracking import agent_origin
 from sage_rl.types import SKILL_ORIGIN_PREFIX, CallRecord
 
 AGENT_ORIGINS = ("<cell-", SKILL_ORIGIN_PREFIX)
@@ -25,7 +27,8 @@ class CallTracer:
     def __init__(self) -> None:
         self._counts: dict[tuple[str, str], list[int]] = {}
         self._previous: Any = None
-        self._open: list[int] = []  # successful API calls inside each running agent call, innermost last
+        # [successful API calls, origin] per running agent call, innermost last
+        self._open: list[list[Any]] = []
 
     def __enter__(self) -> CallTracer:
         self._previous = sys.gettrace()
@@ -41,9 +44,10 @@ class CallTracer:
         )
 
     def api_ok(self) -> None:
-        """One API call succeeded: credit the innermost running agent call."""
-        if self._open:
-            self._open[-1] += 1
+        """One API call succeeded: credit the innermost running agent call if the agent code that
+        made the API call has its origin."""
+        if self._open and self._open[-1][1] == agent_origin(sys._getframe(1)):
+            self._open[-1][0] += 1
 
     def _on_call(self, frame: FrameType, event: str, arg: Any) -> Any:
         code = frame.f_code
@@ -54,7 +58,7 @@ class CallTracer:
         record[0] += 1
         raised = False
         stack = self._open
-        stack.append(0)
+        stack.append([0, code.co_filename])
 
         def local(frame: FrameType, event: str, arg: Any) -> Any:
             nonlocal raised
@@ -63,9 +67,9 @@ class CallTracer:
             elif event == "line":
                 raised = False
             elif event == "return":
-                made = stack.pop() if stack else 0
-                if made and stack:
-                    stack[-1] += made
+                made, origin = stack.pop() if stack else (0, "")
+                if made and stack and (origin == stack[-1][1] or origin.startswith(SKILL_ORIGIN_PREFIX)):
+                    stack[-1][0] += made
                 if raised:
                     record[1] += 1
                 elif made:
