@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -148,6 +149,42 @@ def test_a_cell_printing_more_than_64_mib_is_truncated_and_the_episode_goes_on(s
     # Same worker, same namespace: nothing was lost or restored; AppWorld's log holds the cut text.
     assert out["state"].ok and out["state"].observation.strip() == "7" and out["pid_after"] == out["pid"]
     assert out["log"] < 1 << 20 and out["info"]["rss_mb"] < 2000
+
+
+async def _prepared_evaluators(suite: AppWorldSuite, run: Path) -> dict:
+    env = await suite.open()
+    task = suite.split("train")[0]
+    out: dict = {}
+    try:
+        await env.reset(task)
+        await env.execute("x = 1")  # the first cell starts the evaluator's preparation
+        out["unused"] = (await env.prepare_evaluation()).pid  # type: ignore[misc]
+        await env.reset(task)  # never evaluated: its evaluator goes with the episode
+        await env.execute("apis.supervisor.complete_task(answer=42)")
+        out["used"] = (await env.prepare_evaluation()).pid  # type: ignore[misc]
+        out["eval"] = await env.evaluate()
+        await env.reset(task)
+        await env.execute("apis.supervisor.complete_task(answer=42)")
+        await env.prepare_evaluation()
+        out["root"] = suite.record_to(run)  # after the preparation: the evaluation still goes there
+        out["recorded"] = await env.evaluate()
+    finally:
+        await env.close()
+        suite._recording = None
+    return out
+
+
+def test_an_episode_evaluator_is_prepared_while_it_runs_and_used_once(suite: AppWorldSuite, tmp_path: Path) -> None:
+    out = asyncio.run(_prepared_evaluators(suite, tmp_path / "run"))
+    assert out["eval"].success and out["recorded"].success
+    for _ in range(500):  # killed without waiting: gone within moments
+        if not alive(out["unused"]) and not alive(out["used"]):
+            break
+        time.sleep(0.01)
+    assert not alive(out["unused"]) and not alive(out["used"])
+    report = out["root"] / "experiments" / "outputs" / "sage-rl_train" / "tasks" / "aaa_1" / "evaluation"
+    assert (report / "report.md").is_file()
+    assert not list((suite._factory.tmp / "evaluations" / "experiments" / "outputs").iterdir())
 
 
 async def _recorded_run(world: AppWorldPaths, run: Path) -> list[Path]:

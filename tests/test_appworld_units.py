@@ -283,6 +283,29 @@ def test_run_outputs_are_named_as_appworlds_leaderboard_expects(tmp_path: Path) 
     assert experiments(rec.root) == [("sage-rl_dev", "dev"), ("sage-rl_test_normal", "test_normal")]
 
 
+def test_the_bench_takes_a_world_root_and_names_what_is_missing_there(tmp_path: Path) -> None:
+    """``sage-rl appworld bench --root PATH`` measures on an installed world (no synthetic build);
+    a root without data stops in one line before anything starts."""
+    from typer.testing import CliRunner
+
+    from sage_rl.cli.appworld import app as appworld_cli
+    from sage_rl.integrations.appworld.bench import ratio_table
+
+    venv, root = _fake_venv(tmp_path), tmp_path / "no-data"
+    result = CliRunner().invoke(appworld_cli, ["bench", "--root", str(root), "--venv", str(venv)])
+    assert result.exit_code == 1, result.output
+    assert "AppWorld data not found" in result.output and str(root) in result.output
+    figures = {
+        "execute_0_calls_s": 0.030, "evaluate_s": 0.060,
+        "native": {"execute_0_calls_s": 0.015, "evaluate_s": 0.040},
+        "ratio_over_native": {"execute_0_calls_s": 2.0, "evaluate_s": 1.5},
+    }  # fmt: skip
+    table = ratio_table(figures).splitlines()
+    assert table[0].split() == ["figure", "sage-rl", "ms", "native", "ms", "ratio"]
+    assert table[1].split() == ["execute_0_calls_s", "30.0", "15.0", "2.00"]
+    assert table[2].split() == ["evaluate_s", "60.0", "40.0", "1.50"]
+
+
 def test_worker_errors_read_as_one_line_and_the_zygote_gets_no_parent_secret(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

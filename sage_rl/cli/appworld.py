@@ -118,16 +118,21 @@ def bench(
     repeats: int = typer.Option(5, min=1, help="Repeats of each timed operation."),
     workdir: Path = typer.Option(None, help="Where to build the synthetic world (default: a temp dir)."),
     venv: Path = typer.Option(None, help="AppWorld virtualenv."),
+    root: Path = typer.Option(
+        None, help="An AppWorld root to measure on (its data is read, nothing written); default: a synthetic world."
+    ),
 ) -> None:
     """Time reset, cells with 0/10/100 API calls, evaluation, 8 concurrent first resets and the
-    restore after a kill on a synthetic world, beside AppWorld's own in-process figures; print JSON."""
-    from sage_rl.integrations.appworld.bench import run_bench
+    restore after a kill, beside AppWorld's own in-process figures on the same world; print JSON,
+    and the ratios sage-rl / native as a table on stderr."""
+    from sage_rl.integrations.appworld.bench import ratio_table, run_bench
 
     try:
-        result = run_bench(venv=venv, workdir=workdir, repeats=repeats)
+        result = run_bench(venv=venv, workdir=workdir, repeats=repeats, root=root)
     except SetupError as e:
         _err.print(f"[red]{e}[/red]")
         raise typer.Exit(1) from None
+    _err.print(ratio_table(result), markup=False, highlight=False)
     print(json.dumps(result, sort_keys=True))
 
 

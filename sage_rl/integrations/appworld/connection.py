@@ -253,12 +253,14 @@ class WorkerProcess:
         while pid > 0 and _pid_alive(pid) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
 
-    async def close(self) -> None:
+    async def close(self, wait: bool = True) -> None:
         """Kill the episode's processes (the worker keeps nothing unsaved: AppWorld saves its
-        state after every cell) and drop the connection."""
+        state after every cell) and drop the connection. ``wait``: until the worker is gone (an
+        evaluator that answered exits by itself; nobody needs to wait for it)."""
         self._gone = True
         self._kill_group()
-        await self._wait_gone(self.pid)
+        if wait:
+            await self._wait_gone(self.pid)
         self._writer.close()
         with contextlib.suppress(OSError, ConnectionError):
             await self._writer.wait_closed()

@@ -46,8 +46,11 @@ RESTORE_NOTE = (
 )
 CANCELLED = "was cancelled by the harness"
 
-#: (AppWorld root to evaluate in, experiment name, keep the outputs there) for a task.
-Destination = Callable[[Task], tuple[Path, str, bool]]
+#: (AppWorld root to evaluate in, experiment name, keep the outputs there) for a task and an
+#: episode's token.
+Destination = Callable[[Task, str], tuple[Path, str, bool]]
+#: An evaluator being prepared for one destination (``scoring.py``).
+Prepared = tuple[tuple[Path, str, bool], "asyncio.Future[WorkerProcess]"]
 
 
 class AppWorldError(RuntimeError):
@@ -87,6 +90,8 @@ class AppWorldEnvironment:
         self._task: Task | None = None
         self._completed = False
         self._cancelled: str | None = None  # the code of a cell whose request was cancelled
+        self._token = ""  # names this episode's evaluations (when the run does not record them)
+        self._evaluator: Prepared | None = None
         #: The sandbox's report of the layers that took effect in the current worker.
         self.isolation: dict = {}
 
@@ -113,6 +118,7 @@ class AppWorldEnvironment:
                 ) from started
             raise started
         self._task, self._output_dir = task, Path(started["output_dir"])
+        self._token = uuid.uuid4().hex[:12]
         self.isolation = started["isolation"]
 
     async def _start(self, task: Task, scratch: Path) -> dict:
@@ -122,6 +128,7 @@ class AppWorldEnvironment:
     async def execute(self, code: str, origin: str = "<cell>") -> ExecResult:
         worker = self._live()
         t0 = time.perf_counter()
+        self.prepare_evaluation()
         await self._settle()
         try:
             answer = await worker.request({"op": "execute", "code": code}, self._kill_after_s())
@@ -156,28 +163,65 @@ class AppWorldEnvironment:
             duration_s=time.perf_counter() - t0,
         )
 
-    async def evaluate(self) -> Outcome:
-        """AppWorld's evaluator on the state saved after the last cell, in its own process."""
-        task = self._task
-        if task is None or self._output_dir is None:
-            raise RuntimeError("AppWorldEnvironment.evaluate before reset")
-        await self._settle()
-        root, experiment, keep = self._destination(task)
+    def prepare_evaluation(self) -> asyncio.Future[WorkerProcess] | None:
+        """Start preparing this episode's evaluator in the background, if not yet (the first cell
+        does): a process that loads the task, its ground truth and its start state while the
+        episode runs, so that ``evaluate`` pays only for scoring the saved state. Returns what
+        ``evaluate`` will await (e.g. for a caller that wants it ready); None before reset."""
+        if self._task is None or self._scratch is None:
+            return None
+        if self._evaluator is None:
+            dest = self._destination(self._task, self._token)
+            job = asyncio.ensure_future(self._prepare(self._task, dest, self._scratch))
+            self._evaluator = (dest, job)
+        return self._evaluator[1]
+
+    async def _prepare(self, task: Task, dest: tuple[Path, str, bool], scratch: Path) -> WorkerProcess:
+        root, experiment, _ = dest
+        worker = await self._factory.new_worker()
         request = {
-            "op": "evaluate",
+            "op": "prepare",
             "task_id": task.task_id,
             "experiment": experiment,
-            "source": str(self._output_dir),
             "dest_root": str(root),
             "data": str(self.config.paths().data),
             "sandbox": self.config.sandbox,
             "limits": self.config.limits.model_dump(),
+            "readable": [str(scratch)],  # the episode's saved outputs are in there
         }
         try:
-            answer = await self._factory.run_once(request, self.config.start_timeout_s)
+            await worker.request(request, self.config.start_timeout_s)
+        except BaseException:
+            await worker.close(wait=False)
+            raise
+        return worker
+
+    async def evaluate(self) -> Outcome:
+        """AppWorld's evaluator on the state saved after the last cell, in its own process (the
+        one ``prepare_evaluation`` started, else a new one). Each evaluation uses up its process."""
+        task = self._task
+        if task is None or self._output_dir is None:
+            raise RuntimeError("AppWorldEnvironment.evaluate before reset")
+        await self._settle()
+        dest = self._destination(task, self._token)
+        if self._evaluator is not None and self._evaluator[0] != dest:  # record_to came since
+            await _drop_evaluator(self._evaluator)
+            self._evaluator = None
+        job = self.prepare_evaluation()
+        self._evaluator = None
+        root, experiment, keep = dest
+        worker = None
+        try:
+            worker = await job  # type: ignore[misc]
+            answer = await worker.request(
+                {"op": "evaluate", "source": str(self._output_dir), "save_report": keep},
+                self.config.start_timeout_s,
+            )
         except (WorkerError, WorkerLost) as e:
             raise EvaluationError(f"AppWorld could not evaluate task {task.task_id}: {_reason(e)}") from e
         finally:
+            if worker is not None:
+                await worker.close(wait=False)  # it exits after its answer
             if not keep:
                 shutil.rmtree(root / "experiments" / "outputs" / experiment, ignore_errors=True)
         checks = [CheckResult(name=r, passed=True) for r in answer["passes"]]
@@ -254,20 +298,38 @@ class AppWorldEnvironment:
             ) from e
         self._completed = bool(answer["completed"])
 
-    def _detach(self) -> tuple[WorkerProcess | None, Path | None]:
-        """Forget the current episode; return its worker and scratch folder, to ``_stop``."""
-        worker, scratch = self._worker, self._scratch
-        self._worker = self._scratch = self._output_dir = self._task = None
+    def _detach(self) -> tuple[WorkerProcess | None, Path | None, Prepared | None]:
+        """Forget the current episode; return its worker, scratch folder and evaluator, to ``_stop``."""
+        worker, scratch, evaluator = self._worker, self._scratch, self._evaluator
+        self._worker = self._scratch = self._output_dir = self._task = self._evaluator = None
         self._cancelled, self._completed = None, False
-        return worker, scratch
+        return worker, scratch, evaluator
 
     @staticmethod
-    async def _stop(worker: WorkerProcess | None, scratch: Path | None) -> None:
+    async def _stop(worker: WorkerProcess | None, scratch: Path | None, evaluator: Prepared | None = None) -> None:
         """Stop an episode's processes and remove its scratch folder."""
+        if evaluator is not None:
+            await _drop_evaluator(evaluator)
         if worker is not None:
             await worker.close()
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+async def _drop_evaluator(prepared: Prepared) -> None:
+    """Stop an evaluator prepared for an evaluation that will not come, and remove its folder when
+    the run does not keep it. One from another (finished) event loop is left to the zygote, which
+    kills its children when the suite closes."""
+    (root, experiment, keep), job = prepared
+    try:
+        job.cancel()  # a no-op when it is done
+        done = await asyncio.gather(job, return_exceptions=True)
+    except (RuntimeError, ValueError):  # its event loop is closed, or another one
+        return
+    if isinstance(done[0], WorkerProcess):
+        await done[0].close(wait=False)
+    if not keep:
+        shutil.rmtree(root / "experiments" / "outputs" / experiment, ignore_errors=True)
 
 
 class AppWorldSuite:
@@ -327,8 +389,8 @@ class AppWorldSuite:
         await asyncio.gather(*(env.close() for env in list(self._envs)))
         self._finalizer()
 
-    def _destination(self, task: Task) -> tuple[Path, str, bool]:
+    def _destination(self, task: Task, token: str) -> tuple[Path, str, bool]:
         if self._recording is not None:
             return self._recording.root, self._recording.experiment(task.split), True
         root = self._factory.tmp / "evaluations"
-        return root, f"{self.config.experiment}-{uuid.uuid4().hex[:12]}", False
+        return root, f"{self.config.experiment}-{token}", False

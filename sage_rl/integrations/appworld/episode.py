@@ -1,6 +1,7 @@
-"""What an AppWorld child runs: an episode's world (``Episode``) and an evaluation (``evaluate``).
-Runs under the AppWorld venv; loaded by ``worker.py`` (see its docstring for the protocol), after
-``layers.py`` and ``snapshots.py``, which it registers under the names imported here.
+"""What an AppWorld episode worker runs: an episode's world (``Episode``); an evaluator runs
+``scoring.py``. Runs under the AppWorld venv; loaded by ``worker.py`` (see its docstring for the
+protocol), after ``layers.py``, ``scoring.py`` and ``snapshots.py``, which it registers under the
+names imported here.
 """
 
 from __future__ import annotations
@@ -8,21 +9,20 @@ from __future__ import annotations
 import ast
 import concurrent.futures
 import contextlib
+import gc
 import io
 import os
 import pwd
-import shutil
 import signal
 import sys
 
 import sage_rl_appworld_layers as layers  # type: ignore[import-not-found]
+import sage_rl_appworld_scoring as scoring  # type: ignore[import-not-found]
 import sage_rl_appworld_snapshots as snapshots  # type: ignore[import-not-found]
 
 FAILED_PREFIX = "Execution failed."
 #: Printed characters a cell's observation keeps when the request does not say (the sandbox's).
 DEFAULT_OUTPUT_CHARS = 20_000
-#: What of an episode's AppWorld output folder the evaluator copies (regular files only).
-OUTPUT_SUBFOLDERS = ("dbs", "logs", "version", "misc")
 
 
 class AlarmWatch:
@@ -167,7 +167,7 @@ class Episode:
         os.makedirs(root, exist_ok=True)
         if not os.path.lexists(os.path.join(root, "data")):
             os.symlink(req["data"], os.path.join(root, "data"))
-        use_root(root)
+        scoring.use_root(root)
         from appworld import AppWorld
 
         self.world = world = AppWorld(
@@ -198,6 +198,9 @@ class Episode:
         else:
             _scrub_environment(req["scratch"], root)
             isolation = {}
+        # The world lives as long as the worker: out of the collector's reach, so that a
+        # collection never writes to (and so copies, after a snapshot's fork) all its pages.
+        gc.freeze()
         return {
             "instruction": world.task.instruction,
             "isolation": isolation,
@@ -248,7 +251,7 @@ class Episode:
             "output": output,
             "failed": failed,
             "timed_out": timed_out,
-            "completed": bool(world.task_completed()),
+            "completed": completed(world),
             "defined": defined,
         }
 
@@ -258,7 +261,7 @@ class Episode:
         world.num_interactions += 1
         world._save_state(world.output_db_home_path_on_disk)  # the dead worker may have been mid-save
         world.save_logs()
-        return {"completed": bool(world.task_completed())}
+        return {"completed": completed(world)}
 
     def revive(self) -> None:
         """In a snapshot that took over: AppWorld's API client ran its event loop in a thread,
@@ -282,54 +285,21 @@ class Episode:
         return self.world
 
 
-def evaluate(req: dict, network: str, paths: tuple[list[str], list[str]]) -> dict:
-    """Copy an episode's saved AppWorld outputs to the destination root, and score them there."""
-    dest_root, task_id, experiment = req["dest_root"], req["task_id"], req["experiment"]
-    dest = os.path.join(dest_root, "experiments", "outputs", experiment, "tasks", task_id)
-    shutil.rmtree(dest, ignore_errors=True)
-    os.makedirs(dest)
-    with contextlib.suppress(FileExistsError):  # concurrent evaluators share the root
-        os.symlink(req["data"], os.path.join(dest_root, "data"))
-    if req.get("sandbox", True):
-        limits = layers.Limits.from_dict({**req["limits"], "drop_user": ""})
-        layers.apply(limits, dest, network, layers.evaluator_paths(paths), [req["data"], req["source"]])
-    _copy_outputs(req["source"], dest)
-    use_root(dest_root)
-    from appworld.evaluator import evaluate_task
+def completed(world) -> bool:
+    """``world.task_completed()``, read from the supervisor's model in this thread. AppWorld's own
+    call is an API request through its client's event-loop thread (a thread hop, and the pages
+    it touches are copied after each snapshot's fork): 20 times the cost for the same row, in
+    the same database (the world's models and its APIs share its in-memory databases)."""
+    from typing import get_args
 
-    tracker = evaluate_task(
-        task_id=task_id, experiment_name=experiment, suppress_errors=True, save_report=True
-    )
-    return {
-        "passes": [p["requirement"] for p in tracker.passes],
-        "failures": [
-            {"requirement": f["requirement"], "trace": f.get("trace", "")} for f in tracker.failures
-        ],
-        "num_tests": tracker.num_tests,
-        "success": bool(tracker.success),
-        "difficulty": tracker.difficulty,
-    }
+    from appworld.apps.supervisor.constants import TASK_STATUS_LITERAL
 
-
-def use_root(root: str) -> None:
-    """Point AppWorld at another root. AppWorld reads ``APPWORLD_ROOT`` at each use but caches
-    ``get_db_home_path`` by its arguments only: drop what the zygote cached for its own root."""
-    from appworld.apps.model_lib import get_db_home_path
-
-    os.environ["APPWORLD_ROOT"] = root
-    get_db_home_path.cache_clear()
-
-
-def _copy_outputs(source: str, dest: str) -> None:
-    """Regular files of AppWorld's output subfolders (never links: the folder is agent-writable)."""
-    for sub in OUTPUT_SUBFOLDERS:
-        folder = os.path.join(source, sub)
-        if os.path.islink(folder) or not os.path.isdir(folder):
-            continue
-        os.makedirs(os.path.join(dest, sub), exist_ok=True)
-        for entry in os.scandir(folder):
-            if entry.is_file(follow_symlinks=False):
-                shutil.copyfile(entry.path, os.path.join(dest, sub, entry.name), follow_symlinks=False)
+    models = getattr(world, "models", None)
+    supervisor = getattr(models, "supervisor", None)
+    if supervisor is None:  # not an in-process world: ask it
+        return bool(world.task_completed())
+    tasks = supervisor.Task.all()
+    return bool(tasks) and tasks[0].status in get_args(TASK_STATUS_LITERAL)
 
 
 def _give_to(scratch: str, user: str) -> None:

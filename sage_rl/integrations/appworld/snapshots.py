@@ -6,7 +6,7 @@ itself that waits, blocked on a pipe that only the worker holds open for writing
 whole process: AppWorld's in-memory databases, the interpreter namespace, the frozen clock, the
 random state. Then either
 - the worker takes the next snapshot: one byte on the pipe tells the copy to exit; the worker
-  reaps it and forks a new one; or
+  forks a new one at once, and reaps the old one once it has exited; or
 - the worker dies (the parent killed it because a cell was stuck in C code, or it crashed): the
   pipe reaches end-of-file and the copy takes over. It is the worker again, in the state after
   the last request that completed, and says so to the parent on the worker's connection, which it
@@ -19,7 +19,6 @@ child subreaper; the copy dies with it.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import signal
@@ -37,6 +36,7 @@ class Snapshots:
         self._pid = 0
         self._pipe = -1
         self._zygote = os.getppid()
+        self._exiting: list[int] = []  # discarded copies, reaped once they have exited
 
     def take(self) -> bool:
         """Replace the snapshot with a copy of this process as it is now. Returns False in the
@@ -61,7 +61,9 @@ class Snapshots:
         return True
 
     def discard(self) -> None:
-        """Tell the waiting copy to exit, and reap it."""
+        """Tell the waiting copy to exit. It is reaped later (``_reap``), not waited for: its
+        exit unmaps a copy of the whole worker, which would delay the next request."""
+        self._reap()
         if not self._pid:
             return
         pid, pipe = self._pid, self._pipe
@@ -71,8 +73,17 @@ class Snapshots:
         except OSError:
             os.kill(pid, signal.SIGKILL)
         os.close(pipe)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+        self._exiting.append(pid)
+
+    def _reap(self) -> None:
+        """Reap the discarded copies that have exited (at most one or two are still exiting)."""
+        for pid in list(self._exiting):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self._exiting.remove(pid)
 
     def _adopt(self, dead_worker: int) -> None:
         """Become the worker: wait to be re-parented to the zygote (the pipe closes before the

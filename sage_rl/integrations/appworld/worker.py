@@ -2,8 +2,8 @@
 
 Runs under the AppWorld virtualenv's Python (``.venv-appworld/bin/python worker.py SOCKET``), never
 in sage-rl's own environment: AppWorld pins pydantic<2, freezes the process clock and patches
-builtins while executing (PLATFORM.md). So this file and its helpers (``episode.py``: what a
-child runs; ``layers.py``; ``snapshots.py``) import only the standard library, ``appworld`` and
+builtins while executing (PLATFORM.md). So this file and its helpers (``episode.py``: what an
+episode worker runs; ``scoring.py``: what an evaluator runs; ``layers.py``; ``snapshots.py``) import only the standard library, ``appworld`` and
 the sandbox's layer modules.
 
 The *zygote* imports AppWorld, builds its API routes, imports the standard library and makes (and
@@ -18,10 +18,12 @@ request decides what it is:
   environment holding no variable of the parent's. Agent code runs here. After each request that
   changed its world it forks a snapshot of itself (``snapshots.py``), which takes over if the
   worker is killed or dies.
-- an **evaluator** (``evaluate``): it copies the files AppWorld saved for an episode (its state
-  after the last cell, its logs) into a destination AppWorld root, and scores them there with
-  AppWorld's own ``evaluate_task``, as ``appworld evaluate`` does. It runs no agent code, and is
-  under Landlock too: it reads the task data and writes only that destination folder.
+- an **evaluator** (``prepare``, then ``evaluate``; ``scoring.py``): prepared while the episode
+  runs (the task, its ground truth and start state loaded, the clock frozen at the task's date),
+  it copies the files AppWorld saved for an episode (its state after the last cell, its logs)
+  into a destination AppWorld root, and scores them there with AppWorld's own
+  ``evaluate_task``, as ``appworld evaluate`` does. It runs no agent code, and is under Landlock
+  too: it reads the task data and writes only that destination folder.
 
 Protocol on a child's connection: the child first sends ``{"ok": true, "ready": true, "pid"}``;
 then each request is one JSON object on one line, and so is each answer, which echoes the
@@ -34,7 +36,8 @@ Requests (``op`` and its fields) -> answer fields (besides ``ok``):
 - ``execute`` code -> output, failed, timed_out, completed, defined
 - ``lost`` code, output: record a cell whose worker was killed, as AppWorld records a failed
   cell (it counts as an interaction) -> completed
-- ``evaluate`` task_id, experiment, source, dest_root, data, sandbox, limits -> passes,
+- ``prepare`` task_id, experiment, dest_root, data, sandbox, limits, readable -> (nothing)
+- ``evaluate`` source, save_report (and ``prepare``'s fields when it was not sent) -> passes,
   failures, num_tests, success, difficulty
 - ``ping`` -> (nothing: its answer tells the parent every earlier request was answered)
 An episode worker runs until the parent kills its process group (it has nothing unsaved: AppWorld
@@ -77,10 +80,11 @@ def _sibling(name: str):
 
 
 layers = _sibling("layers")
+scoring = _sibling("scoring")
 snapshots = _sibling("snapshots")
 
 _episode = _sibling("episode")
-Episode, PENDING, evaluate = _episode.Episode, _episode.PENDING, _episode.evaluate
+Episode, PENDING, Evaluator = _episode.Episode, _episode.PENDING, scoring.Evaluator
 
 #: Requests after which the worker takes a new snapshot.
 CHANGES_WORLD = ("reset", "execute", "lost")
@@ -88,7 +92,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def handle(episode: Episode, request: dict, network: str, paths: tuple[list[str], list[str]]) -> dict:
+def handle(episode: Episode, evaluator: Evaluator, request: dict) -> dict:
     op = request.get("op")
     try:
         if op == "reset":
@@ -97,8 +101,10 @@ def handle(episode: Episode, request: dict, network: str, paths: tuple[list[str]
             out = episode.execute(request["code"])
         elif op == "lost":
             out = episode.lost(request["code"], request["output"])
+        elif op == "prepare":
+            out = evaluator.prepare(request)
         elif op == "evaluate":
-            out = evaluate(request, network, paths)
+            out = evaluator.evaluate(request)
         elif op == "ping":
             out = {}
         else:
@@ -117,14 +123,14 @@ def serve(conn: socket.socket, network: str, paths: tuple[list[str], list[str]])
         wfile.write(lead + json.dumps(message) + "\n")
         wfile.flush()
 
-    episode = Episode(network, paths)
+    episode, evaluator = Episode(network, paths), Evaluator(network, paths)
     send({"ok": True, "ready": True, "pid": os.getpid()})
     for line in rfile:
         if not line.strip():
             continue
         request = json.loads(line)
         op = request.get("op")
-        answer = {**handle(episode, request, network, paths), "id": request.get("id")}
+        answer = {**handle(episode, evaluator, request), "id": request.get("id")}
         send(answer)
         if op == "evaluate":
             return
@@ -190,12 +196,12 @@ def warm_up(tmp: str) -> None:
         os.makedirs(root)
         os.symlink(data, os.path.join(root, "data"))
         real_root = os.environ["APPWORLD_ROOT"]
-        _episode.use_root(root)
+        scoring.use_root(root)
         try:
             AppWorld(task_id, experiment_name="warm-up", load_ground_truth=False).close()
         finally:
             AppWorld.close_all()
-            _episode.use_root(real_root)
+            scoring.use_root(real_root)
     except Exception:  # noqa: BLE001 - only an optimization: a broken task fails at its own reset
         traceback.print_exc(file=sys.stderr)
     finally:
