@@ -174,7 +174,9 @@ async def _prepared_evaluators(suite: AppWorldSuite, run: Path) -> dict:
     return out
 
 
-def test_an_episode_evaluator_is_prepared_while_it_runs_and_used_once(suite: AppWorldSuite, tmp_path: Path) -> None:
+def test_an_episode_evaluator_is_prepared_while_it_runs_and_used_once(
+    suite: AppWorldSuite, tmp_path: Path
+) -> None:
     out = asyncio.run(_prepared_evaluators(suite, tmp_path / "run"))
     assert out["eval"].success and out["recorded"].success
     for _ in range(500):  # killed without waiting: gone within moments

@@ -253,7 +253,9 @@ def test_choosing_checkpoints_on_a_test_split_is_refused_as_training_on_it_is() 
         line = next(x for x in str(e.value).splitlines() if f"eval.split={split} is" in x)
         assert "choosing checkpoints" in line and "appworld.allow_test_contamination=true" in line
         flag = "appworld.allow_test_contamination=true"
-        cfg = load_config(TrainConfig, None, ["env=appworld", "policy.kind=openai", f"eval.split={split}", flag])
+        cfg = load_config(
+            TrainConfig, None, ["env=appworld", "policy.kind=openai", f"eval.split={split}", flag]
+        )
         assert cfg.eval.split == split
     assert load_config(TrainConfig, None, ["env=appworld", "policy.kind=openai", "eval.split=dev"])
 

@@ -119,7 +119,8 @@ def bench(
     workdir: Path = typer.Option(None, help="Where to build the synthetic world (default: a temp dir)."),
     venv: Path = typer.Option(None, help="AppWorld virtualenv."),
     root: Path = typer.Option(
-        None, help="An AppWorld root to measure on (its data is read, nothing written); default: a synthetic world."
+        None,
+        help="An AppWorld root to measure on (its data is read, nothing written); default: a synthetic world.",
     ),
 ) -> None:
     """Time reset, cells with 0/10/100 API calls, evaluation, 8 concurrent first resets and the

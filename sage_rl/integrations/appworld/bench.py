@@ -30,7 +30,13 @@ from pathlib import Path
 from sage_rl.integrations.appworld.client import zygote_env
 from sage_rl.integrations.appworld.config import AppWorldEnvConfig
 from sage_rl.integrations.appworld.env import AppWorldEnvironment, AppWorldSuite
-from sage_rl.integrations.appworld.paths import SPLITS, AppWorldPaths, SetupError, default_paths, require_ready
+from sage_rl.integrations.appworld.paths import (
+    SPLITS,
+    AppWorldPaths,
+    SetupError,
+    default_paths,
+    require_ready,
+)
 from sage_rl.integrations.appworld.synthetic_world import build_world
 from sage_rl.types import Task
 

@@ -306,7 +306,9 @@ class AppWorldEnvironment:
         return worker, scratch, evaluator
 
     @staticmethod
-    async def _stop(worker: WorkerProcess | None, scratch: Path | None, evaluator: Prepared | None = None) -> None:
+    async def _stop(
+        worker: WorkerProcess | None, scratch: Path | None, evaluator: Prepared | None = None
+    ) -> None:
         """Stop an episode's processes and remove its scratch folder."""
         if evaluator is not None:
             await _drop_evaluator(evaluator)
