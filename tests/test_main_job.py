@@ -1,0 +1,51 @@
+"""benchmarks/main_job.py: the figures it reads back from GNU time and a finished recipe run."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("main_job", ROOT / "benchmarks" / "main_job.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+TIME_V = """\tCommand being timed: ".venv/bin/sage-rl train"
+\tUser time (seconds): 1500.25
+\tElapsed (wall clock) time (h:mm:ss or m:ss): 1:02:03.5
+\tMaximum resident set size (kbytes): 5859372
+\tExit status: 0
+"""
+
+
+def test_wall_time_and_peak_rss_come_from_gnu_time():
+    got = _bench().parse_time_v(TIME_V)
+    assert got == {"wall_s": 3723.5, "peak_rss_bytes": 5859372 * 1024}
+    assert _bench().parse_time_v("\tElapsed (wall clock) time (h:mm:ss or m:ss): 23:51.57\n") == {
+        "wall_s": 1431.6
+    }
+
+
+def test_the_stages_and_the_held_out_figures_come_from_the_run(tmp_path):
+    metrics = {"tasks": 12, "tgc": 75.0, "tgc_ci": [50.0, 100.0], "sgc": 50.0, "avg_tokens": 310.4}
+    state = {
+        "eval_base": {"wall_s": 60.0, "result": {"train_heldout": {"metrics": {**metrics, "tgc": 0.0}}}},
+        "sft": {"wall_s": 300.5, "result": {}},
+        "eval_sft": {"wall_s": 70.0, "result": {"train_heldout": {"metrics": metrics}}},
+    }
+    (tmp_path / "recipe.json").write_text(json.dumps(state))
+    row = _bench().figures(tmp_path)
+    assert row["stages_s"] == {"eval_base": 60.0, "sft": 300.5, "eval_sft": 70.0}
+    assert row["stages_total_s"] == 430.5
+    assert row["train_heldout_sft"] == {
+        "tasks": 12,
+        "tgc": 75.0,
+        "tgc_ci": [50.0, 100.0],
+        "sgc": 50.0,
+        "avg_tokens": 310,
+    }
+    assert row["train_heldout_base"]["tgc"] == 0.0 and "train_heldout_sage" not in row
