@@ -20,11 +20,21 @@ def _seed(scenario_id: str) -> int:
     return int(scenario_id.rsplit("-s", 1)[1])
 
 
-def test_one_fixed_scenario_per_train_template_with_stable_ids():
+#: sha256 of the 90 task ids of ``train_heldout`` before issue 27 (one seed, 2**31), newline-joined in
+#: split order: the first 90 tasks of the grown split must be exactly these, so results measured on
+#: the old split stay comparable (a scenario's id never changes; seeds are only added).
+FIRST_SEED_IDS_SHA256 = "f3d2ea4735bed99bf6d2c8a349e18770aafa9d931174572c69d1e48a3afe1567"
+
+
+def test_three_fixed_scenarios_per_train_template_with_stable_ids():
+    import hashlib
+    from collections import Counter
+
     train = {t.name for t in templates("train")}
     scenarios = tasks.scenarios_of_split("train_heldout")
-    assert len(HELDOUT) == 3 * len(train) and len(scenarios) == len(train)
-    assert {s.rsplit("-s", 1)[0] for s in scenarios} == train
+    per_template = Counter(s.rsplit("-s", 1)[0] for s in scenarios)
+    assert set(per_template) == train and min(per_template.values()) >= 3
+    assert len(scenarios) >= 90 and len(HELDOUT) == 3 * len(scenarios) >= 270
     assert all(_seed(s) in tasks.HELDOUT_SEEDS for s in scenarios)
     for i in range(0, len(HELDOUT), 3):  # ordered by scenario, then position
         chunk = HELDOUT[i : i + 3]
@@ -32,8 +42,15 @@ def test_one_fixed_scenario_per_train_template_with_stable_ids():
     assert all(t.split == "train_heldout" and t.task_id == f"{t.scenario_id}_{t.position}" for t in HELDOUT)
     # ids round-trip to the same task (split included), and the order is not the template order
     assert [dumps(tasks.task_by_id(t.task_id)) for t in HELDOUT] == [dumps(t) for t in HELDOUT]
-    assert [s.rsplit("-s", 1)[0] for s in scenarios] != [t.name for t in templates("train")]
+    assert [s.rsplit("-s", 1)[0] for s in scenarios[:30]] != [t.name for t in templates("train")]
     assert "train_heldout" in known_splits("pocketworld") and "train_heldout" in tasks.split_names()
+    # seed-major: the first seed's 30 scenarios (the split before issue 27, same ids, same order),
+    # then each added seed's, the templates in the same order each time
+    first = [t.task_id for t in HELDOUT[:90]]
+    assert hashlib.sha256("\n".join(first).encode()).hexdigest() == FIRST_SEED_IDS_SHA256
+    order = [s.rsplit("-s", 1)[0] for s in scenarios[:30]]
+    for j, seed in enumerate(tasks.HELDOUT_SEEDS):
+        assert scenarios[30 * j : 30 * (j + 1)] == tuple(f"{name}-s{seed}" for name in order)
 
 
 def test_reference_solves_and_noop_fails_every_heldout_task():

@@ -106,7 +106,7 @@ def _f(x: Any) -> str:
     return f"{x:.3f}" if isinstance(x, int | float) else "-"
 
 
-#: Where the full comparison lives (all 30 train templates, SAGE against GRPO, 90 held-out tasks).
+#: Where the full comparison lives (all 30 train templates, SAGE against its controls, 270 held-out tasks).
 LAPTOP_EXPERIMENT = "benchmarks/laptop_recipe.py (docs/results/laptop_recipe.json and .png, docs/recipe.md)"
 
 
@@ -163,8 +163,9 @@ def protocol(cfg: Any) -> list[str]:
         "- Every evaluation is greedy and scenario-ordered, the same prompt and limits for every model. "
         "TGC and SGC: value [95% percentile bootstrap that resamples whole scenarios (a scenario's tasks "
         "are correlated), 2,000 resamples, seed 0; docs/metrics.md]: with few scenarios it is wide.",
-        f"- The full comparison (all 30 train templates, SAGE against GRPO at equal sampled tokens, 90 "
-        f"held-out tasks and 24 of unseen templates) is the laptop experiment: {LAPTOP_EXPERIMENT}.",
+        f"- The full comparison (all 30 train templates, SAGE against SFT and the paper's GRPO controls at "
+        f"equal sampled tokens, 270 held-out tasks and 24 of unseen templates) is the laptop experiment: "
+        f"{LAPTOP_EXPERIMENT}.",
     ]
 
 
