@@ -1,14 +1,13 @@
 """Shortcuts RL would find before the skill (issue 30, items 6-7): a no-op and a constant answer.
 
 Every template of every split is enumerated. The no-op is played through the environment (doing
-nothing; ``complete_task()`` without an answer) on every listed task; the constant answer is
-measured on the oracle (``audit``) over many scenarios per template, since an evaluation split
-lists only one scenario (3 tasks) of each.
+nothing; ``complete_task()`` without an answer) on every listed task of every split, and scored on
+the oracle at other scenario seeds. The constant answer is measured on the oracle (``audit``)
+over 21 scenarios per template (its listed one and seeds 1-20): an evaluation split lists only one
+scenario (3 tasks) of each template, too few for a share.
 """
 
 from __future__ import annotations
-
-import random
 
 import pytest
 from pocket import SyncEnv
@@ -16,38 +15,57 @@ from pocket import SyncEnv
 from sage_rl.envs.pocketworld import tasks
 from sage_rl.envs.pocketworld.audit import MAX_GUESS_SHARE, MAX_NOOP_SCORE, audit_template, best_constant
 from sage_rl.envs.pocketworld.scenarios import TEMPLATES
+from sage_rl.envs.pocketworld.scenarios.base import TaskRandom, Unsuitable
+from sage_rl.envs.pocketworld.scenarios.helpers import spread
 from sage_rl.types import Task
 
-NOOPS = {"nothing": None, "complete_task()": "apis.supervisor.complete_task()"}
 
-
-def _noop_score(env: SyncEnv, task: Task, code: str | None) -> float:
+def _noop_scores(env: SyncEnv, task: Task) -> tuple[float, float]:
+    """The scores of doing nothing, then of only ``complete_task()`` (no answer), on ``task``."""
     env.reset(task)
-    if code is not None:
-        assert env.execute(code, "<cell-1>").ok
-    return env.evaluate().score
-
-
-def _listed_and_sampled(split: str) -> tuple[Task, ...]:
-    if split != "train":
-        return tasks.split_tasks(split)
-    rng = random.Random(30)  # train: its listed seed-0 scenarios and chains as training draws them
-    return tasks.split_tasks("train") + tuple(t for _ in range(10) for t in tasks.sample_chain(rng, 3))
+    nothing = env.evaluate().score
+    assert env.execute("apis.supervisor.complete_task()", "<cell-1>").ok
+    return nothing, env.evaluate().score
 
 
 @pytest.mark.parametrize("split", tasks.split_names())
 def test_a_noop_scores_at_most_a_tenth_on_every_task(split):
-    """Before issue 30 "no collateral changes" counted as half of a one-check task: 0.5 each."""
+    """Every listed task (train: its seed-0 scenarios). Before issue 30 "no collateral changes"
+    was half of a one-check task: 0.5 on every task."""
     env = SyncEnv()
-    worst = {}
-    for task in _listed_and_sampled(split):
-        for name, code in NOOPS.items():
-            worst[(task.task_id, name)] = _noop_score(env, task, code)
-    bad = {k: v for k, v in worst.items() if v > MAX_NOOP_SCORE}
-    assert not bad, f"{len(bad)} no-op scores above {MAX_NOOP_SCORE}: {sorted(bad.items())[:5]}"
+    scores = {task.task_id: _noop_scores(env, task) for task in tasks.split_tasks(split)}
+    bad = {k: v for k, v in scores.items() if max(v) > MAX_NOOP_SCORE}
+    assert not bad, f"{len(bad)} tasks pay a no-op more than {MAX_NOOP_SCORE}: {sorted(bad.items())[:5]}"
+
+
+#: Scenario seeds measured per template, besides the one its split lists (seed 0, or the held-out
+#: seed of a train template): 63 tasks, where a constant right 1 time in 20 scores about 3.
+SEEDS = range(1, 21)
+
+
+@pytest.mark.parametrize("template", TEMPLATES, ids=lambda t: f"{t.split}-{t.name}")
+def test_no_constant_answer_solves_more_than_a_tenth_of_a_template(template):
+    """Before issue 30 ``complete_task(answer=1)`` solved 65% of email_count_unread_from, and a
+    fixed count 25-34% of seven other counting templates."""
+    listed = tasks.HELDOUT_SEEDS.start if template.split == "train" else 0
+    audit = audit_template(template, [listed])
+    if audit.answer_tasks:  # an action template has nothing to guess; its no-op is checked below
+        audit = audit_template(template, [listed, *SEEDS])
+        assert audit.answer_tasks == audit.tasks == 3 * (len(SEEDS) + 1)
+        assert audit.guess_share <= MAX_GUESS_SHARE, (audit.guess, audit.guess_share)
+    assert audit.noop_score <= MAX_NOOP_SCORE  # on the oracle, at other seeds than the listed tasks
 
 
 def test_best_constant_counts_normalised_matches():
     assert best_constant([]) == (None, 0.0)
     assert best_constant([3, "3", 4.0, "$4.00", 4, "x"]) == (4.0, 0.5)
     assert best_constant([["a", "b"], ["B", "A"], ["a"]])[1] == pytest.approx(2 / 3)
+
+
+def test_spread_draws_its_target_from_the_stratum_and_the_last_resort_takes_any_answer():
+    answer_of = {"a": 1, "b": 2, "c": 2, "d": 7}
+    assert spread(TaskRandom(0, 0.0), (1, 2), answer_of) == "a"
+    assert spread(TaskRandom(0, 0.99), (1, 2), answer_of) in ("b", "c")
+    with pytest.raises(Unsuitable, match="answer 3"):
+        spread(TaskRandom(0, 0.0), (3, 4), answer_of)
+    assert spread(TaskRandom(0, None), (2, 5), answer_of) in ("b", "c")  # never d: outside the support

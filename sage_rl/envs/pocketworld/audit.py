@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sage_rl.envs.pocketworld.checks import NO_ANSWER, answers_match, evaluate
-from sage_rl.envs.pocketworld.scenarios.base import Template
-from sage_rl.envs.pocketworld.tasks import scenario_tasks, template_of, world_for
+from sage_rl.envs.pocketworld.scenarios.base import TASKS_PER_SCENARIO, Template, sample_task
+from sage_rl.envs.pocketworld.tasks import template_of, world_for
 from sage_rl.types import Task
 
 #: The most a constant answer may solve, as a share of one template's answer-returning tasks.
@@ -46,11 +46,6 @@ class TemplateAudit:
     guess: Any
     guess_share: float
     noop_score: float
-
-
-def template_tasks(template: Template, seeds: Iterable[int]) -> tuple[Task, ...]:
-    """Every task (3 per scenario) of ``template`` at the given scenario seeds, as the splits build them."""
-    return tuple(t for seed in seeds for t in scenario_tasks(template, seed))
 
 
 def best_constant(expected: Sequence[Any]) -> tuple[Any, float]:
@@ -80,14 +75,16 @@ def noop_score(task: Task) -> float:
 
 
 def audit_template(template: Template, seeds: Iterable[int]) -> TemplateAudit:
-    """Constant-answer share and the worst no-op score over ``template``'s tasks at ``seeds``."""
-    ts = template_tasks(template, seeds)
-    expected, worst_noop = [], 0.0
-    for task in ts:
-        world = world_for(task)
-        expect = template.expect(world.db, task.spec["params"])
-        if expect.answer is not NO_ANSWER:
-            expected.append(expect.answer)
-        worst_noop = max(worst_noop, evaluate(expect, world.db, world.db, None).score)
+    """Constant-answer share and the worst no-op score over ``template``'s tasks at ``seeds``
+    (3 per scenario: the worlds and params ``make_task`` gives them, each world built once)."""
+    expected, worst_noop, n = [], 0.0, 0
+    for seed in seeds:
+        for position in range(1, TASKS_PER_SCENARIO + 1):
+            world, params = sample_task(template, seed, position)
+            expect = template.expect(world.db, params)
+            if expect.answer is not NO_ANSWER:
+                expected.append(expect.answer)
+            worst_noop = max(worst_noop, evaluate(expect, world.db, world.db, None).score)
+            n += 1
     guess, share = best_constant(expected)
-    return TemplateAudit(template.name, template.split, len(ts), len(expected), guess, share, worst_noop)
+    return TemplateAudit(template.name, template.split, n, len(expected), guess, share, worst_noop)

@@ -3,6 +3,12 @@
 Everything comes from one ``random.Random(seed)`` drawn in a fixed order over fixed tuples, never
 the global RNG, the wall clock or set iteration order, so the same seed gives a byte-identical
 ``canonical_json``. Building one world takes a few milliseconds (see benchmarks/env_bench.py).
+
+What templates count varies from world to world over a wide range (how many contacts of each
+relationship, unread emails per sender, liked songs per genre, notes per tag, open to-dos per list
+and priority, files per folder and extension), so that target-first samplers
+(``scenarios.helpers.spread``) find a world for any answer they draw (issue 30: no constant answer
+may solve more than a tenth of a template's tasks).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from sage_rl.envs.pocketworld.apps import APPS
 from sage_rl.envs.pocketworld.world import Db, World
 
 BASE_DAY = dt.datetime(2026, 1, 5, 9, 0)
+SONGS = 90
 APP_ACCOUNTS = ("music", "payments", "phone", "email", "files", "notes", "todo", "shopping", "splitwise")
 
 
@@ -71,12 +78,12 @@ class _Clock:
 
 
 def _people(rng: random.Random) -> tuple[Person, list[Person]]:
-    n = 1 + sum(c for _, c in pools.RELATIONSHIP_COUNTS)
+    counts = [(r, _ri(rng, lo, hi + 1)) for r, lo, hi in pools.RELATIONSHIP_RANGES]
+    n = 1 + sum(c for _, c in counts)
     firsts = rng.sample(pools.FIRST_NAMES, n)
     lasts = [_pick(rng, pools.LAST_NAMES) for _ in range(n)]
     phones = rng.sample(range(100, 1000), n)
-    rels = ["self"] + [r for r, c in pools.RELATIONSHIP_COUNTS for _ in range(c)]
-    rest = rels[1:]
+    rest = [r for r, c in counts for _ in range(c)]
     rng.shuffle(rest)
     out = []
     for i, rel in enumerate(["self", *rest]):
@@ -119,9 +126,10 @@ def _supervisor(rng: random.Random, me: Person) -> dict[str, Any]:
 
 def _music(rng: random.Random, t: _Clock, me: Person, people: list[Person]) -> dict[str, Any]:
     names = rng.sample(pools.ARTIST_NAMES, 12)
-    artists = {i: {"artist_id": i, "name": n, "genre": _pick(rng, pools.GENRES), "follower_count": _ri(rng, 100, 90000)}
+    main_genres = rng.sample(pools.GENRES, 3)  # a world's artists favour a few genres: big genres
+    artists = {i: {"artist_id": i, "name": n, "genre": _pick(rng, main_genres), "follower_count": _ri(rng, 100, 90000)}
                for i, n in enumerate(names, start=1)}  # fmt: skip
-    titles = rng.sample([f"{a} {n}" for a in pools.SONG_ADJ for n in pools.SONG_NOUN], 60)
+    titles = rng.sample([f"{a} {n}" for a in pools.SONG_ADJ for n in pools.SONG_NOUN], SONGS)
     songs = {}
     for i, title in enumerate(titles, start=1):
         aid = _ri(rng, 1, 13)
@@ -132,23 +140,24 @@ def _music(rng: random.Random, t: _Clock, me: Person, people: list[Person]) -> d
             "duration_s": _ri(rng, 120, 360), "release_year": _ri(rng, 1985, 2026),
             "play_count": _ri(rng, 1000, 5_000_000),
         }  # fmt: skip
-    liked = sorted(rng.sample(range(1, 61), 22))
+    fondness = {g: min(1.0, 1.2 * rng.random()) for g in pools.GENRES}  # likes per genre: none to all
+    liked = [i for i, song in songs.items() if rng.random() < fondness[song["genre"]]]
     likes = {
         i: {"user": me.email, "song_id": s, "liked_at": t.ago(200)} for i, s in enumerate(liked, start=1)
     }
-    rated = sorted(rng.sample(range(1, 61), 18))
+    rated = sorted(rng.sample(range(1, SONGS + 1), 18))
     ratings = {i: {"user": me.email, "song_id": s, "rating": _ri(rng, 1, 6), "rated_at": t.ago(200)}
                for i, s in enumerate(rated, start=1)}  # fmt: skip
     playlists = {}
     for i, title in enumerate(rng.sample(pools.PLAYLIST_TITLES, 5), start=1):
-        playlists[i] = {"owner": me.email, "title": title, "song_ids": rng.sample(range(1, 61), _ri(rng, 6, 15)),
+        playlists[i] = {"owner": me.email, "title": title, "song_ids": rng.sample(range(1, SONGS + 1), _ri(rng, 4, 31)),
                         "is_public": rng.random() < 0.5, "created_at": t.ago(300)}  # fmt: skip
-    playlists[6] = {"owner": people[0].email, "title": "Shared Vibes", "song_ids": rng.sample(range(1, 61), 8),
+    playlists[6] = {"owner": people[0].email, "title": "Shared Vibes", "song_ids": rng.sample(range(1, SONGS + 1), 8),
                     "is_public": True, "created_at": t.ago(300)}  # fmt: skip
     follows = {i: {"user": me.email, "artist_id": a, "followed_at": t.ago(300)}
                for i, a in enumerate(sorted(rng.sample(range(1, 13), 4)), start=1)}  # fmt: skip
     history = {
-        i: {"user": me.email, "song_id": _ri(rng, 1, 61), "played_at": t.ago(14)} for i in range(1, 41)
+        i: {"user": me.email, "song_id": _ri(rng, 1, SONGS + 1), "played_at": t.ago(14)} for i in range(1, 41)
     }
     users = {p.email: {"email": p.email, "name": p.name} for p in [me, *people]}
     return {"users": users, "artists": artists, "songs": songs, "likes": likes, "ratings": ratings,
@@ -208,16 +217,25 @@ def _email(rng: random.Random, t: _Clock, me: Person, people: list[Person]) -> d
     users = {p.email: {"email": p.email, "name": p.name} for p in [me, *people]}
     users.update({e: {"email": e, "name": n} for e, n in pools.SERVICE_SENDERS})
     senders = [p.email for p in people] + [e for e, _ in pools.SERVICE_SENDERS]
+    # A few busy senders with up to 20 unread emails each, the others with a few or none.
+    busy = set(rng.sample(senders, 5))
+    inbox = []
+    for sender in senders:
+        if sender in busy:
+            unread, read = _ri(rng, 1, 21), _ri(rng, 0, 4)
+        else:
+            unread, read = (_ri(rng, 0, 3), _ri(rng, 0, 3)) if rng.random() < 0.5 else (0, 0)
+        inbox += [(sender, False)] * unread + [(sender, True)] * read
+    rng.shuffle(inbox)
+    sent = [(_pick(rng, people).email, True) for _ in range(13)]
     emails = {}
-    for i in range(1, 56):
-        inbox = i <= 42
-        other = _pick(rng, senders if inbox else [p.email for p in people])
+    for i, (other, read) in enumerate(inbox + sent, start=1):
+        is_inbox = i <= len(inbox)
         subject = _pick(rng, pools.EMAIL_SUBJECTS).replace("{n}", str(_ri(rng, 100, 999)))
         emails[i] = {
-            "email_id": i, "folder": "inbox" if inbox else "sent", "sender": other if inbox else me.email,
-            "recipients": [me.email] if inbox else [other], "subject": subject, "body": _pick(rng, pools.EMAIL_BODIES),
-            "sent_at": t.ago(60), "read": not inbox or rng.random() < 0.5, "starred": rng.random() < 0.15,
-            "deleted": False, "reply_to": None,
+            "email_id": i, "folder": "inbox" if is_inbox else "sent", "sender": other if is_inbox else me.email,
+            "recipients": [me.email] if is_inbox else [other], "subject": subject, "body": _pick(rng, pools.EMAIL_BODIES),
+            "sent_at": t.ago(60), "read": read, "starred": rng.random() < 0.15, "deleted": False, "reply_to": None,
         }  # fmt: skip
     return {"users": users, "emails": emails}
 
@@ -225,8 +243,10 @@ def _email(rng: random.Random, t: _Clock, me: Person, people: list[Person]) -> d
 def _files(rng: random.Random, t: _Clock) -> dict[str, Any]:
     files, seen = {}, set()
     for directory, exts in pools.FILE_DIRS.items():
-        for _ in range(_ri(rng, 3, 8)):
-            path = f"{directory}/{_pick(rng, pools.FILE_STEMS)}_{_ri(rng, 1, 40)}.{_pick(rng, exts)}"
+        # some folders are crowded, and some extensions common in them
+        weighted = [e for e in exts for _ in range(_ri(rng, 1, 6))]
+        for _ in range(_ri(rng, 2, 28)):
+            path = f"{directory}/{_pick(rng, pools.FILE_STEMS)}_{_ri(rng, 1, 40)}.{_pick(rng, weighted)}"
             if path in seen:
                 continue
             seen.add(path)
@@ -240,25 +260,30 @@ def _files(rng: random.Random, t: _Clock) -> dict[str, Any]:
 
 def _notes(rng: random.Random, t: _Clock, me: Person) -> dict[str, Any]:
     notes = {}
-    for i, title in enumerate(rng.sample(pools.NOTE_TITLES, 13), start=1):
+    use = {tag: 0.6 * rng.random() for tag in pools.NOTE_TAGS}  # some tags on many notes, some on few
+    for i, title in enumerate(rng.sample(pools.NOTE_TITLES, _ri(rng, 12, 46)), start=1):
         stamp = t.ago(120)
+        tags = [tag for tag in pools.NOTE_TAGS if rng.random() < use[tag]] or [_pick(rng, pools.NOTE_TAGS)]
         notes[i] = {
             "note_id": i, "owner": me.email, "title": title, "content": f"{title}: {_pick(rng, pools.EMAIL_BODIES)}",
-            "tags": sorted(rng.sample(pools.NOTE_TAGS, _ri(rng, 1, 3))), "pinned": rng.random() < 0.25,
-            "created_at": stamp, "updated_at": stamp,
+            "tags": sorted(tags), "pinned": rng.random() < 0.25, "created_at": stamp, "updated_at": stamp,
         }  # fmt: skip
     return {"notes": notes}
 
 
 def _todo(rng: random.Random, t: _Clock, me: Person) -> dict[str, Any]:
-    names = rng.sample(pools.TODO_LISTS, 3)
+    names = rng.sample(pools.TODO_LISTS, 4)
     lists = {i: {"owner": me.email, "name": n} for i, n in enumerate(names, start=1)}
     items = {}
-    for i, title in enumerate(rng.sample(pools.TODO_TITLES, 18), start=1):
-        done = rng.random() < 0.3
+    # Lists and priorities of uneven size, and a world-wide share of finished tasks.
+    list_ids = [k for k in lists for _ in range(_ri(rng, 1, 16))]
+    priorities = [p for p in ("low", "medium", "high") for _ in range(_ri(rng, 1, 11))]
+    finished = 0.3 * rng.random()
+    for i, title in enumerate(rng.sample(pools.TODO_TITLES, _ri(rng, 30, 57)), start=1):
+        done = rng.random() < finished
         items[i] = {
-            "task_id": i, "list_id": _ri(rng, 1, 4), "title": title, "due_date": t.day(-10, 20),
-            "priority": _pick(rng, ("low", "medium", "high")), "completed": done, "completed_at": t.ago(10) if done else None,
+            "task_id": i, "list_id": _pick(rng, list_ids), "title": title, "due_date": t.day(-10, 20),
+            "priority": _pick(rng, priorities), "completed": done, "completed_at": t.ago(10) if done else None,
         }  # fmt: skip
     return {"lists": lists, "items": items}
 
@@ -291,7 +316,7 @@ def _shopping(rng: random.Random, t: _Clock, me: Person) -> dict[str, Any]:
 
 
 def _splitwise(rng: random.Random, t: _Clock, me: Person, people: list[Person]) -> dict[str, Any]:
-    by_rel = {r: [p.email for p in people if p.relationship == r] for r, _ in pools.RELATIONSHIP_COUNTS}
+    by_rel = {r: [p.email for p in people if p.relationship == r] for r, _, _ in pools.RELATIONSHIP_RANGES}
     members = (by_rel["roommate"], rng.sample(by_rel["friend"], 4), rng.sample(by_rel["coworker"], 4))
     groups = {i: {"group_id": i, "name": n, "members": sorted([me.email, *m])}
               for i, (n, m) in enumerate(zip(pools.GROUP_NAMES, members, strict=True), start=1)}  # fmt: skip

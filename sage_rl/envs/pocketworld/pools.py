@@ -4,6 +4,9 @@ FIRST_NAMES = (
     "Alice", "Bruno", "Chloe", "Daniel", "Elena", "Farid", "Grace", "Hiro", "Isabel", "Jamal", "Kira", "Liam",
     "Maya", "Nikolai", "Olivia", "Pedro", "Quinn", "Rosa", "Samir", "Tara", "Umar", "Vera", "Wes", "Ximena",
     "Yusuf", "Zoe", "Amara", "Ben", "Carmen", "Dev", "Emeka", "Fiona", "Gus", "Hana", "Ivan", "Julia",
+    "Kwame", "Lena", "Mateo", "Nadia", "Oscar", "Priya", "Rafael", "Sofia", "Theo", "Uma", "Victor", "Wanda",
+    "Yara", "Zane", "Aisha", "Boris", "Clara", "Diego", "Esther", "Felix", "Gemma", "Hugo", "Ines", "Jonas",
+    "Kai", "Luz", "Milo", "Noor", "Pia", "Reza",
 )  # fmt: skip
 LAST_NAMES = (
     "Adams", "Baker", "Chen", "Diaz", "Evans", "Fischer", "Garcia", "Haddad", "Ito", "Jensen", "Khan", "Lopez",
@@ -11,13 +14,17 @@ LAST_NAMES = (
     "Young", "Zhang", "Novak", "Kowalski", "Murphy", "Ahmed", "Berg",
 )  # fmt: skip
 DOMAINS = ("pocketmail.com", "inbox.net", "mailbox.org")
-RELATIONSHIP_COUNTS = (("roommate", 2), ("family", 5), ("friend", 8), ("coworker", 7))
+#: How many contacts of each relationship a world has, drawn per world from [lo, hi] (issue 30:
+#: fixed counts made "how many friends do I have" a constant answer).
+RELATIONSHIP_RANGES = (("roommate", 1, 4), ("family", 2, 16), ("friend", 4, 20), ("coworker", 4, 20))
 
 GENRES = ("pop", "rock", "jazz", "hip-hop", "classical", "electronic", "country", "indie")
 ARTIST_NAMES = (
     "The Night Owls", "Luna Park", "Marco Vell", "Static Bloom", "Ada Rivers", "Blue Harbor", "Kofi Mensah",
     "Paper Lanterns", "Iris Kwan", "The Foxgloves", "DJ Meridian", "Sol & Sea", "Hollow Pines", "Nadia Frost",
-    "Echo Valley", "Rui Santos", "Velvet Arcade", "Oskar Lind",
+    "Echo Valley", "Rui Santos", "Velvet Arcade", "Oskar Lind", "Coral Drive", "Mira Solis", "The Lamplighters",
+    "Jonah Reyes", "Northern Atlas", "Saffron Kite", "Tomas Weir", "Glass Orchard", "Lea Moreno", "Cinder Bay",
+    "Amani Cole", "The Quiet Hours",
 )  # fmt: skip
 SONG_ADJ = (
     "Golden", "Midnight", "Electric", "Silent", "Wild", "Broken", "Neon", "Endless", "Falling", "Lonely",
@@ -45,7 +52,12 @@ PAYMENT_NOTES = (
 TEXT_LINES = (
     "Are we still on for tomorrow?", "Running 10 minutes late!", "Did you see the game last night?",
     "Can you call me when you're free?", "Thanks again for dinner!", "Happy Friday!", "Just landed.",
-    "Don't forget the keys.", "Let's grab lunch this week.", "Sent you the photos.",
+    "Don't forget the keys.", "Let's grab lunch this week.", "Sent you the photos.", "On my way.",
+    "Can you pick up milk?", "Call you back in five.", "Good luck today!", "Where did you park?",
+    "Movie tonight?", "The package arrived.", "Happy birthday!", "Meeting moved to 3pm.", "Miss you already.",
+    "Did you feed the cat?", "Traffic is terrible.", "Save me a seat.", "Great job on the talk!",
+    "Bring an umbrella.", "Let me know when you're home.", "Dinner is ready.", "Check your email.",
+    "See you at the gym.", "Thanks for the ride!",
 )  # fmt: skip
 ALARM_LABELS = ("Wake up", "Gym", "Meds", "Standup", "Pick up kids", "Water plants", "Leave for work")
 EMAIL_SUBJECTS = (
@@ -63,14 +75,27 @@ NOTE_TAGS = ("recipes", "work", "ideas", "travel", "books", "shopping", "health"
 NOTE_TITLES = (
     "Pasta recipe", "Sprint goals", "App idea", "Packing list", "Books to read", "Gift ideas", "Workout plan",
     "Meeting prep", "Garden plans", "Lisbon trip", "Soup recipe", "Podcast list", "Budget 2026", "Reading notes",
-    "Weekend errands", "Interview questions",
+    "Weekend errands", "Interview questions", "Bread recipe", "Quarterly goals", "Side project", "Camping gear",
+    "Film list", "Holiday gifts", "Running log", "Team retro", "Balcony herbs", "Tokyo trip", "Curry recipe",
+    "Album list", "Tax checklist", "Poetry notes", "Moving checklist", "Onboarding notes", "Salad recipe",
+    "Roadmap draft", "Startup idea", "Ski trip", "Novel ideas", "Wine list", "Yoga routine", "One-on-one notes",
+    "Seed list", "Rome trip", "Cake recipe", "Course notes", "Savings plan", "Car maintenance", "Hiring plan",
+    "Birthday plans", "Language practice", "Conference notes",
 )  # fmt: skip
 TODO_LISTS = ("Personal", "Work", "Home", "Errands")
 TODO_TITLES = (
     "Pay electricity bill", "Book dentist", "Renew passport", "Clean garage", "Call the bank", "Buy printer ink",
     "Submit expense report", "Prepare slides", "Water the plants", "Fix bike tire", "Order birthday cake",
     "Update resume", "Return library books", "Schedule car service", "Back up laptop", "Plan team lunch",
-    "Reply to landlord", "Cancel gym trial", "Pick up dry cleaning", "Review contract",
+    "Reply to landlord", "Cancel gym trial", "Pick up dry cleaning", "Review contract", "Buy groceries",
+    "Mow the lawn", "Book flights", "Send thank-you cards", "File taxes", "Defrost the freezer", "Clean gutters",
+    "Sort old photos", "Replace smoke alarm battery", "Donate old clothes", "Order new glasses",
+    "Renew car insurance", "Fix leaky faucet", "Write project update", "Archive old emails", "Paint the fence",
+    "Buy a gift for mom", "Organize the closet", "Read the onboarding doc", "Plan weekend hike",
+    "Check tire pressure", "Vacuum the car", "Repot the ficus", "Set up new router", "Cancel old subscription",
+    "Print boarding passes", "Shred old bills", "Refill prescriptions", "Book a haircut", "Wash the windows",
+    "Hang the new shelf", "Review pull requests", "Prepare quarterly review", "Clean the oven",
+    "Pack for the trip", "Recycle batteries",
 )  # fmt: skip
 
 PRODUCT_CATEGORIES = ("electronics", "books", "kitchen", "sports", "toys", "beauty", "garden")

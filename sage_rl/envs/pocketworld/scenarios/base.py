@@ -93,25 +93,65 @@ def stable_seed(*parts: Any) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
-def make_task(template: Template, scenario_id: str, scenario_seed: int, position: int, split: str) -> Task:
-    """Task ``position`` (1-based) of a scenario: its own world seed, sampled params and phrasing."""
-    for attempt in range(100):
-        world_seed = stable_seed(template.name, scenario_seed, position, attempt)
-        rng = random.Random(world_seed + 1)
+#: World seeds a task may try before its template is declared broken.
+MAX_ATTEMPTS = 100
+#: Worlds tried for one draw of the sampler's rng (a target answer) before it draws again.
+TARGET_ATTEMPTS = 25
+_GOLDEN = (5**0.5 - 1) / 2
+
+
+class TaskRandom(random.Random):
+    """A sampler's rng, plus ``stratum``: where in [0, 1) ``helpers.spread`` draws its target
+    answer, or None for "any answer this world offers" (the last resort of ``sample_task``).
+
+    Task k = 3 * scenario_seed + position - 1 of a template first gets frac(offset + k * golden
+    ratio), a Weyl sequence: any run of consecutive tasks covers [0, 1) almost evenly, so answers
+    drawn from it are balanced over a handful of scenarios (uniform draws need hundreds to be),
+    and over the random scenario seeds training draws they are uniform."""
+
+    def __init__(self, seed: int, stratum: float | None) -> None:
+        super().__init__(seed)
+        self.stratum = stratum
+
+
+def sample_task(template: Template, scenario_seed: int, position: int) -> tuple[World, dict[str, Any]]:
+    """The world and params of task ``position`` of scenario (template, scenario_seed).
+
+    World seeds ``stable_seed(template, scenario_seed, position, attempt)`` are tried in turn until
+    the sampler accepts one. The sampler's rng (a ``TaskRandom``) restarts from the same seed and
+    stratum at every attempt, so what it draws before it looks at the world (a target answer,
+    ``helpers.spread``) stays fixed while the worlds change: the answers then follow the target's
+    distribution, not whichever worlds happen to host a value most easily (issue 30: guessable
+    answers). Every ``TARGET_ATTEMPTS`` worlds it draws a new stratum, so an answer few worlds
+    offer cannot stall a task; the last block takes any answer (no stratum), so a template whose
+    worlds offer some answer never runs out of attempts."""
+    k = TASKS_PER_SCENARIO * scenario_seed + position - 1
+    weyl = (stable_seed(template.name, "stratum") / 2**31 + k * _GOLDEN) % 1.0
+    last = (MAX_ATTEMPTS - 1) // TARGET_ATTEMPTS
+    for attempt in range(MAX_ATTEMPTS):
+        world = build_world(stable_seed(template.name, scenario_seed, position, attempt))
+        block = attempt // TARGET_ATTEMPTS
+        task_seed = stable_seed(template.name, scenario_seed, position, "params", block)
+        stratum = weyl if block == 0 else None if block == last else random.Random(task_seed).random()
         try:
-            params = template.sample(rng, build_world(world_seed))
+            return world, template.sample(TaskRandom(task_seed, stratum), world)
         except Unsuitable:
             continue
-        phrasing = (position - 1 + scenario_seed) % len(template.phrasings)
-        return Task(
-            task_id=f"{scenario_id}_{position}",
-            scenario_id=scenario_id,
-            position=position,
-            instruction=template.phrasings[phrasing].format(**params),
-            split=split,
-            env="pocketworld",
-            difficulty=template.difficulty,
-            apps=template.apps,
-            spec={"template": template.name, "seed": world_seed, "params": params},
-        )
-    raise RuntimeError(f"template {template.name!r}: no suitable world found in 100 attempts")
+    raise RuntimeError(f"template {template.name!r}: no suitable world found in {MAX_ATTEMPTS} attempts")
+
+
+def make_task(template: Template, scenario_id: str, scenario_seed: int, position: int, split: str) -> Task:
+    """Task ``position`` (1-based) of a scenario: its own world seed, sampled params and phrasing."""
+    world, params = sample_task(template, scenario_seed, position)
+    phrasing = (position - 1 + scenario_seed) % len(template.phrasings)
+    return Task(
+        task_id=f"{scenario_id}_{position}",
+        scenario_id=scenario_id,
+        position=position,
+        instruction=template.phrasings[phrasing].format(**params),
+        split=split,
+        env="pocketworld",
+        difficulty=template.difficulty,
+        apps=template.apps,
+        spec={"template": template.name, "seed": world.seed, "params": params},
+    )

@@ -20,11 +20,14 @@ def _count_ext(db, directory, ext):
 
 
 def _ce_sample(rng, w):
-    directory = rng.choice(("/documents", "/photos", "/downloads", "/work"))
-    exts = sorted(
-        {f["path"].rsplit(".", 1)[1] for f in _files(w.db) if f["path"].startswith(directory + "/")}
-    )
-    return {"directory": directory, "ext": h.pick(rng, exts, "extension")}
+    pairs = {
+        (directory, f["path"].rsplit(".", 1)[1])
+        for directory in ("/documents", "/photos", "/downloads", "/work")
+        for f in _files(w.db)
+        if f["path"].startswith(directory + "/")
+    }
+    directory, ext = h.spread(rng, h.COUNTS, {pair: _count_ext(w.db, *pair) for pair in pairs})
+    return {"directory": directory, "ext": ext}
 
 
 COUNT_EXT = Template(

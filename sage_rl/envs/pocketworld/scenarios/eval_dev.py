@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from sage_rl.envs.pocketworld import pools
 from sage_rl.envs.pocketworld.checks import Allow, Expect, Require
 from sage_rl.envs.pocketworld.scenarios import helpers as h
 from sage_rl.envs.pocketworld.scenarios.base import Template
@@ -117,7 +118,7 @@ def _last_text(db, name):
 def _last_text_sample(rng, w):
     senders = {m["sender"] for m in w.db["phone"]["messages"].values()}
     names = sorted(h.full_name(c) for c in h.contacts(w.db) if c["phone_number"] in senders)
-    return {"name": h.pick(rng, names, "texting contact")}
+    return {"name": h.spread(rng, pools.TEXT_LINES, {n: _last_text(w.db, n) for n in names})}
 
 
 LAST_TEXT = Template(
@@ -264,7 +265,9 @@ PRIORITY_COUNT = Template(
         "Count my unfinished tasks with {priority} priority over every list.",
         "Across all of my lists, how many {priority}-priority items are not done yet?",
     ),
-    sample=lambda rng, w: {"priority": rng.choice(("low", "medium", "high"))},
+    sample=lambda rng, w: {
+        "priority": h.spread(rng, h.COUNTS, {p: _prio_count(w.db, p) for p in ("low", "medium", "high")})
+    },
     expect=lambda db, p: Expect(answer=_prio_count(db, p["priority"])),
     skill_source='''
 def count_open_tasks_by_priority(priority: str) -> int:

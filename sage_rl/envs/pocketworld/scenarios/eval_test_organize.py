@@ -207,6 +207,10 @@ def add_birthday_call_tasks(relationship: str, list_name: str) -> int:
 # ---------------------------------------------------------------------------- unread emails from a relationship
 
 
+#: Unread emails from a whole relationship: sums over several senders, so a wider range than COUNTS.
+UNREAD_TOTALS = tuple(range(1, 31))
+
+
 def _unread_rel(db, rel):
     people = {c["email"] for c in h.contacts(db, rel)}
     return sum(not m["read"] and m["sender"] in people for m in inbox(db))
@@ -222,7 +226,9 @@ UNREAD_RELATION = Template(
         "Count the unread inbox emails sent by people who are my {people}.",
         "What's the total number of unread emails I have from {people}?",
     ),
-    sample=lambda rng, w: h.rel(rng.choice(("family", "friend", "coworker"))),
+    sample=lambda rng, w: h.rel(
+        h.spread(rng, UNREAD_TOTALS, {r: _unread_rel(w.db, r) for r in ("family", "friend", "coworker")})
+    ),
     expect=lambda db, p: Expect(answer=_unread_rel(db, p["relationship"])),
     skill_source='''
 def contact_emails(relationship: str) -> list:

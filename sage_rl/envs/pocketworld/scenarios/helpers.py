@@ -54,6 +54,25 @@ def pick(rng: random.Random, options: Sequence[Any], what: str) -> Any:
     return options[rng.randrange(len(options))]
 
 
+#: The answers a counting template draws from (``spread``): 20 values, a constant is right 1 time in 20.
+COUNTS = tuple(range(1, 21))
+
+
+def spread(rng: random.Random, support: Sequence[Any], answer_of: dict[Any, Any]) -> Any:
+    """Target-first sampling: draw the answer uniformly from ``support`` (from the task's stratum,
+    ``base.TaskRandom``), then a key of ``answer_of`` (a parameter -> the answer it gives in this
+    world) that gives it; Unsuitable when none does. ``make_task`` keeps the drawn target over the
+    worlds it tries, so the answers are uniform over ``support`` and no constant answer is right
+    much more than 1/len(support) of the time (issue 30)."""
+    stratum = getattr(rng, "stratum", rng.random())  # a plain Random: a uniform draw
+    if stratum is None:  # make_task's last resort: any answer in the support
+        return pick(rng, sorted(k for k, v in answer_of.items() if v in support), "an answer in the support")
+    target = support[int(stratum * len(support))]
+    return pick(
+        rng, sorted(k for k, v in answer_of.items() if v == target), f"a parameter with answer {target!r}"
+    )
+
+
 def unique_max(counts: dict[Any, float]) -> Any:
     """The key with the largest value; Unsuitable when there is a tie (the answer would be ambiguous)."""
     if not counts:

@@ -25,6 +25,18 @@ def _unread_sample(rng, w):
     return {"name": h.pick(rng, names, "unread sender")}
 
 
+def _unread_counts(db):
+    counts = {}
+    for m in inbox(db):
+        if not m["read"]:
+            counts[sender_name(db, m)] = counts.get(sender_name(db, m), 0) + 1
+    return counts
+
+
+def _count_unread_sample(rng, w):
+    return {"name": h.spread(rng, h.COUNTS, _unread_counts(w.db))}
+
+
 COUNT_UNREAD = Template(
     name="email_count_unread_from",
     split="train",
@@ -35,7 +47,7 @@ COUNT_UNREAD = Template(
         "Count the emails from {name} in my inbox that I haven't read yet.",
         "What's the number of unread messages from {name} in my email inbox?",
     ),
-    sample=_unread_sample,
+    sample=_count_unread_sample,
     expect=lambda db, p: Expect(
         answer=sum(not m["read"] and sender_name(db, m) == p["name"] for m in inbox(db))
     ),

@@ -66,8 +66,8 @@ def rate_unrated_playlist_songs(playlist_title: str, rating: int) -> int:
 
 
 def _genre_sample(rng, w):
-    genres = sorted({w.db["music"]["songs"][s]["genre"] for s in h.liked(w.db)})
-    return {"genre": h.pick(rng, genres, "liked genre")}
+    counts = Counter(w.db["music"]["songs"][s]["genre"] for s in h.liked(w.db))
+    return {"genre": h.spread(rng, h.COUNTS, counts)}
 
 
 def _genre_expect(db, p):

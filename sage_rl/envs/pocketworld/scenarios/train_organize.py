@@ -27,6 +27,11 @@ def items(db, list_name):
 
 # ---------------------------------------------------------------------------- count notes with a tag
 
+
+def _tag_counts(db):
+    return {tag: sum(tag in n["tags"] for n in notes(db)) for tag in used_tags(db)}
+
+
 COUNT_TAG = Template(
     name="notes_count_tag",
     split="train",
@@ -37,7 +42,7 @@ COUNT_TAG = Template(
         "Count my notes that carry the tag '{tag}'.",
         "What number of notes do I have with the '{tag}' tag?",
     ),
-    sample=lambda rng, w: {"tag": h.pick(rng, used_tags(w.db), "tag")},
+    sample=lambda rng, w: {"tag": h.spread(rng, h.COUNTS, _tag_counts(w.db))},
     expect=lambda db, p: Expect(answer=sum(p["tag"] in n["tags"] for n in notes(db))),
     skill_source='''
 def notes_with_tag(tag: str) -> list:
@@ -139,6 +144,11 @@ def note_from_playlist(playlist_title: str, note_title: str) -> int:
 
 # ---------------------------------------------------------------------------- count open tasks in a list
 
+
+def _open(db, list_name):
+    return sum(not t["completed"] for t in items(db, list_name))
+
+
 COUNT_OPEN = Template(
     name="todo_count_open",
     split="train",
@@ -149,8 +159,10 @@ COUNT_OPEN = Template(
         "Count the open items on my '{list}' list in the todo app.",
         "How many things are still left to do on my '{list}' list?",
     ),
-    sample=lambda rng, w: {"list": rng.choice(sorted(lists(w.db).values()))},
-    expect=lambda db, p: Expect(answer=sum(not t["completed"] for t in items(db, p["list"]))),
+    sample=lambda rng, w: {
+        "list": h.spread(rng, h.COUNTS, {n: _open(w.db, n) for n in lists(w.db).values()})
+    },
+    expect=lambda db, p: Expect(answer=_open(db, p["list"])),
     skill_source='''
 def open_tasks(list_name: str) -> list:
     """Return the unfinished tasks of my to-do list called `list_name`."""

@@ -21,7 +21,7 @@ COUNT_RELATION = Template(
         "Count the contacts on my phone whose relationship is {relationship}.",
         "What's the number of {people} saved in my contacts?",
     ),
-    sample=lambda rng, w: h.rel(rng.choice(RELS)),
+    sample=lambda rng, w: h.rel(h.spread(rng, h.COUNTS, {r: len(h.contacts(w.db, r)) for r in RELS})),
     expect=lambda db, p: Expect(answer=len(h.contacts(db, p["relationship"]))),
     skill_source='''
 def count_contacts(relationship: str) -> int:
