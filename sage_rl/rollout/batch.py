@@ -22,6 +22,7 @@ from pydantic import Field
 from sage_rl.config import Section
 from sage_rl.rollout.advantages import Baseline, compute_advantages
 from sage_rl.rollout.chain import ChainRunner, run_group
+from sage_rl.rollout.pool import PoolKind
 from sage_rl.rollout.rewards import ChainOutcomes, RewardKind, compute_rewards, env_failed_first
 from sage_rl.skills.library import Library
 from sage_rl.types import Chain, Sample
@@ -47,6 +48,15 @@ class RolloutConfig(Section):
         "groups are trained, every drawn token counts as sampled",
     )
     max_draws: int = Field(3, ge=1, description="draws of B task sequences per step (dynamic sampling)")
+    pool: PoolKind = Field(
+        PoolKind.ALL,
+        description="all: draw from every train template; screened: only from templates whose sampled "
+        "success under the current model lies strictly between 0 and 1 (rollout/pool.py)",
+    )
+    screen_every: int = Field(4, ge=1, description="steps between screens of the pool (pool: screened)")
+    screen_samples: int = Field(
+        2, ge=1, description="chains sampled per template in a screen (pool: screened)"
+    )
 
 
 def check_group_contract(groups: Sequence[Sequence[Chain]]) -> None:

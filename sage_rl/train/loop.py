@@ -27,6 +27,7 @@ from sage_rl.eval.metrics import EvalMetrics
 from sage_rl.eval.runner import run_eval
 from sage_rl.rollout.batch import rollout_step
 from sage_rl.rollout.chain import ChainRunner
+from sage_rl.rollout.pool import PoolKind, ScreenedPool
 from sage_rl.train.checkpoint import save_checkpoint
 from sage_rl.train.config import LoopConfig, TrainEvalConfig
 from sage_rl.train.logging import MetricsLogger, batch_metrics, read_metrics
@@ -71,11 +72,15 @@ async def train(
     job = progress.add_task("RL steps", total=cfg.steps, completed=start) if progress else None
     rollout_s = train_s = 0.0
     sampled, done = _sampled_so_far(out, start), start
+    screened = cfg.rollout.pool is PoolKind.SCREENED
+    pool = ScreenedPool(runner, cfg.rollout, seed, Path(cfg.out_dir), start) if screened else None
     for step in range(start, cfg.steps):
         if cfg.sampled_token_budget is not None and sampled >= cfg.sampled_token_budget:
             break  # a resumed run that had already spent its budget
         t0 = time.perf_counter()
-        batch = await rollout_step(runner, step_rng(seed, step), cfg.rollout, step=step)
+        # the screened pool (rollout/pool.py): its screens' tokens are this step's sampled tokens too
+        step_runner, pool_row = await pool.runner_for(step) if pool else (runner, {})
+        batch = await rollout_step(step_runner, step_rng(seed, step), cfg.rollout, step=step)
         t1 = time.perf_counter()
         stats = trainer.step(batch.samples, batch.num_chains)
         if stats["updated"]:
@@ -84,12 +89,13 @@ async def train(
         rollout_s, train_s = rollout_s + t1 - t0, train_s + t2 - t1
         _write_rollouts(out / "rollouts" / f"step_{step + 1:06d}.jsonl", batch.drawn_chains)
         step_tokens = sum(t.num_generated_tokens for c in batch.drawn_chains for t in c.trajectories)
+        step_tokens += int(pool_row.get("pool/screen_tokens", 0))
         sampled += step_tokens
         last = step + 1 == cfg.steps or (
             cfg.sampled_token_budget is not None and sampled >= cfg.sampled_token_budget
         )
         row = {**batch_metrics(batch.drawn_samples), **stats}
-        row |= {"groups_drawn": len(batch.drawn), "groups_trained": len(batch.trained)}
+        row |= {"groups_drawn": len(batch.drawn), "groups_trained": len(batch.trained)} | pool_row
         row |= {"time/rollout_s": t1 - t0, "time/train_s": t2 - t1}
         row |= {"sampled_tokens": step_tokens, "sampled_tokens_total": sampled}
         if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and not last:

@@ -96,6 +96,15 @@ class PocketWorldSuite:
         self._executors = executors
         self._scope = None if templates is None else check_scope(templates)
 
+    @property
+    def train_templates(self) -> tuple[str, ...]:
+        """The train templates this suite draws from (its scope, else all of them)."""
+        return self._scope or tuple(t.name for t in tasks.templates("train"))
+
+    def scoped(self, templates: Sequence[str]) -> PocketWorldSuite:
+        """This suite narrowed to ``templates`` (same executors): a screened RL pool (issue 27)."""
+        return PocketWorldSuite(self._executors, templates)
+
     def split(self, split: str) -> tuple[Task, ...]:
         listed = tasks.split_tasks(split)
         if self._scope is None or split not in SCOPED_SPLITS:

@@ -1,0 +1,160 @@
+"""The screened task pool (``rollout.pool: screened``; issue 27): RL draws its task sequences from
+the templates on which the current model's sampled success lies strictly between 0 and 1.
+
+Why: a GRPO group whose G chains all succeed or all fail has no advantage and gives no gradient.
+On the laptop experiment, whole templates failed for every chain of the SFT model at temperature 1,
+so steps drew nothing to learn from (docs/recipe.md). Dynamic sampling (``rollout.dynamic_sampling``)
+redraws after the fact; the pool avoids the hopeless and the solved templates before drawing.
+
+How:
+- **Screen.** For every train template of the suite, one fresh scenario (a new train seed) and
+  ``screen_samples`` chains of ``chain_length`` tasks, sampled with the run's own sampling
+  parameters (the rollouts' temperature) from the model as it is at that step. A template's
+  success is the share of its screened tasks that succeeded.
+- **Pool.** The templates with ``0 < success < 1`` (:func:`informative`). The step's task
+  sequences are drawn as without a pool (uniform template, fresh train seed), from those templates
+  only. An empty pool (every template solved or hopeless) draws from every template, as without one.
+- **Refresh.** The first step a run makes (step 0, or the first after ``--resume``) screens, and
+  then every ``screen_every`` steps, so the pool follows the model as it changes.
+- **Cost.** A screen samples ``templates x screen_samples x chain_length`` tasks (30 x 2 x 2 = 120
+  on the laptop experiment, about one B = 8, G = 8 step). Its generated tokens count as sampled
+  tokens of the step that screened (``sampled_tokens``, and so ``sampled_token_budget``): runs
+  compared at equal sampled tokens pay for their screens. They are not trained on.
+
+The suite must know its train templates and narrow itself to some of them:
+``train_templates`` and ``scoped(templates)`` (``PocketWorldSuite`` has both). Every screen is
+appended to ``screens.jsonl`` in the run folder (one JSON row: step, success by template, pool,
+tokens, seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import json
+import random
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sage_rl.rollout.chain import ChainRunner, run_group
+from sage_rl.skills.library import Library
+
+SCREENS = "screens.jsonl"
+#: Group indices of screening chains start here: they never collide with a step's groups (provenance).
+SCREEN_GROUP_BASE = 1_000_000
+
+
+class PoolKind(enum.StrEnum):
+    ALL = "all"  # every template of the split (the default)
+    SCREENED = "screened"  # templates with 0 < sampled success < 1 (this module)
+
+
+def informative(success: Mapping[str, float]) -> tuple[str, ...]:
+    """The templates whose success lies strictly between 0 and 1, sorted (pure)."""
+    return tuple(sorted(k for k, s in success.items() if 0.0 < s < 1.0))
+
+
+def screen_due(step: int, first_step: int, every: int) -> bool:
+    """Whether step ``step`` screens: the run's first step (a fresh or a resumed run), then every
+    ``every`` steps."""
+    return step == first_step or step % every == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Screen:
+    """One screening pass: success by template at ``step``, what it cost, and the pool it gives."""
+
+    step: int
+    success: Mapping[str, float]
+    tokens: int
+    seconds: float
+
+    @property
+    def pool(self) -> tuple[str, ...]:
+        return informative(self.success)
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "pool": list(self.pool),
+            "success": dict(self.success),
+            "tokens": self.tokens,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+def check_suite(suite: Any) -> None:
+    """A ``ValueError`` naming what is missing when ``suite`` cannot be screened."""
+    if not hasattr(suite, "train_templates") or not hasattr(suite, "scoped"):
+        raise ValueError(
+            f"rollout.pool=screened needs a suite that lists and narrows its train templates "
+            f"(pocketworld); {getattr(suite, 'name', type(suite).__name__)} does not"
+        )
+
+
+async def screen(
+    runner: ChainRunner, rng: random.Random, chain_length: int, samples: int, split: str, step: int, concurrency: int
+) -> Screen:
+    """Screen every train template of ``runner.suite`` (see the module docstring)."""
+    check_suite(runner.suite)
+    names = tuple(runner.suite.train_templates)
+    sequences = [runner.suite.scoped([n]).sample_chain(rng, chain_length, split) for n in names]
+    sem = asyncio.Semaphore(max(1, concurrency // max(1, samples)))
+    t0 = time.perf_counter()
+
+    async def one(i: int, seq) -> list:
+        async with sem:
+            return await run_group(runner, seq, Library(), SCREEN_GROUP_BASE + i, samples, step)
+
+    groups = await asyncio.gather(*(one(i, s) for i, s in enumerate(sequences)))
+    success, tokens = {}, 0
+    for name, chains in zip(names, groups, strict=True):
+        trajs = [t for c in chains for t in c.trajectories]
+        success[name] = sum(t.outcome.success for t in trajs) / max(1, len(trajs))
+        tokens += sum(t.num_generated_tokens for t in trajs)
+    return Screen(step, success, tokens, time.perf_counter() - t0)
+
+
+class ScreenedPool:
+    """The pool of one training run: screens when due and hands out the runner to draw from.
+
+    State: the last screen (a run's pool changes only when it screens again)."""
+
+    def __init__(self, runner: ChainRunner, rollout: Any, seed: int, run_dir: Path, first_step: int) -> None:
+        check_suite(runner.suite)
+        self._runner, self._cfg, self._seed = runner, rollout, seed
+        self._log, self._first = Path(run_dir) / SCREENS, first_step
+        self.last: Screen | None = None
+
+    async def runner_for(self, step: int) -> tuple[ChainRunner, dict[str, float]]:
+        """The runner whose suite draws from the pool at ``step`` (screening first when due), and
+        the step's ``pool/*`` metrics (``pool/screen_tokens`` are sampled tokens of this step)."""
+        cfg, row = self._cfg, {}
+        if self.last is None or screen_due(step, self._first, cfg.screen_every):
+            rng = random.Random(f"{self._seed}:screen:{step}")
+            self.last = await screen(
+                self._runner, rng, cfg.chain_length, cfg.screen_samples, cfg.split, step, cfg.concurrency
+            )
+            with self._log.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(self.last.row()) + "\n")
+            row = {"pool/screen_tokens": self.last.tokens, "pool/screen_s": self.last.seconds}
+            row["pool/screened_success"] = sum(self.last.success.values()) / max(1, len(self.last.success))
+        pool = self.last.pool
+        row["pool/size"] = len(pool)
+        if not pool:  # nothing informative: draw from every template, as without a pool
+            return self._runner, row
+        return dataclasses.replace(self._runner, suite=self._runner.suite.scoped(pool)), row
+
+
+def screens(run_dir: Path) -> list[dict[str, Any]]:
+    """The screen rows a run wrote (``screens.jsonl``), oldest first."""
+    path = Path(run_dir) / SCREENS
+    if not path.is_file():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+__all__ = ["PoolKind", "Screen", "ScreenedPool", "informative", "screen", "screen_due", "screens"]
