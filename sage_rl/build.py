@@ -124,6 +124,7 @@ def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
         max_batch=p.max_batch,
         dtype=p.dtype,
         cache_bytes=int(p.cache_gib * 2**30),
+        threads=p.threads or "auto",  # null: sampling gives up the cores other processes use
     )
 
 

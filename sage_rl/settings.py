@@ -50,7 +50,8 @@ class PolicyConfig(Section):
         None,
         gt=0,
         description="transformers on CPU: torch threads for sampling and training in this process "
-        "(null = torch's default, one per core); 1 where processes share the cores (docs/recipe.md)",
+        "(null = torch's default, one per core, and sampling drops to the cores other processes "
+        "leave free, measured each step: docs/policies.md); 1 where processes share the cores",
     )
     expert_seed: int = 0  # scripted: seed of its variation in names and doc lookups
 
