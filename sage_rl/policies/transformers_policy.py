@@ -53,7 +53,8 @@ from typing import Any
 
 import torch
 
-from sage_rl.engine.engine import Engine, EngineStats, Row
+from sage_rl.engine.engine import EngineStats, Row
+from sage_rl.engine.paged_engine import make_engine
 from sage_rl.engine.sampler import sampling_logprobs
 from sage_rl.engine.threads import ThreadPolicy
 from sage_rl.policies.base import Completion, PolicyRequest, SamplingParams
@@ -70,10 +71,14 @@ class _Pending:
 
 
 def resolve_dtype(dtype: torch.dtype | str | None, model: Any) -> torch.dtype | None:
-    """``None``/"model" -> None (the model's own), a name or dtype -> that dtype, ``"auto"`` ->
-    bfloat16 where the hardware computes it natively, else None."""
-    if dtype is None or dtype == "model":
+    """``"model"`` -> None (the model's own), a name or dtype -> that dtype, ``"auto"`` ->
+    bfloat16 where the hardware computes it natively, else None; ``None`` -> bfloat16 for a model
+    on a CUDA GPU with bf16 (sampling there is bound by memory traffic), else the model's own."""
+    if dtype == "model":
         return None
+    if dtype is None:
+        device = next(model.parameters()).device
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
@@ -123,7 +128,9 @@ class TransformersPolicy:
     for the KV caches kept between turns. ``threads``: torch threads while sampling, an int, None
     (the process's setting) or "auto" (the process's setting less the cores other processes are
     using, measured at each step; ``sage_rl/engine/threads.py``); the process's count is restored
-    when sampling goes idle.
+    when sampling goes idle. ``engine``: ``"auto"`` (the paged engine, ``engine/paged_engine.py``,
+    for a model on CUDA; else the per-sequence one), ``"per_sequence"``, ``"paged"`` or a
+    ``PagedOptions``.
     """
 
     def __init__(
@@ -138,6 +145,7 @@ class TransformersPolicy:
         dtype: torch.dtype | str | None = None,
         cache_bytes: int = 2 << 30,
         threads: int | str | None = "auto",
+        engine: str | Any = "auto",
     ) -> None:
         from sage_rl.agent.render import ChatRenderer
 
@@ -151,7 +159,8 @@ class TransformersPolicy:
         self.dtype = resolve_dtype(dtype, model)
         self.threads = ThreadPolicy(threads)
         with torch.inference_mode():
-            self.engine = Engine(model, self.stop_ids, self.dtype, cache_bytes)
+            # "auto": the paged engine (device-resident store, CUDA graphs) on CUDA, else Engine
+            self.engine = make_engine(model, self.stop_ids, self.dtype, cache_bytes, max_batch, engine)
         self._streams: dict[int | None, random.Random] = {}
         self._pending: list[_Pending] = []
         self._lock = threading.Lock()  # guards _pending and _running (event loop vs sampling thread)
