@@ -36,8 +36,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sage_rl.cli import collect as collect_cmd
-from sage_rl.cli import sft as sft_cmd
 from sage_rl.config import load_config
 from sage_rl.eval.ci import paired_outcomes
 from sage_rl.recipe.pipeline import (
@@ -51,6 +49,8 @@ from sage_rl.recipe.pipeline import (
     train_config,
     train_once,
 )
+from sage_rl.runs.collect import run_collect
+from sage_rl.runs.sft import run_sft
 from sage_rl.settings import TrainConfig
 
 MODELS = ("base", "sft", "sage", "grpo")
@@ -129,8 +129,8 @@ def run(cfg: TrainConfig, out: Path, until: str = "grpo", parallel: bool = False
         return out
 
     results = timed("eval base", lambda: evals({"base": (cfg, cfg.policy.model)}))
-    timed("collect", lambda: run_once(lay.expert / "summary.json", collect_cmd.run, collect_cfg))
-    sft = timed("sft", lambda: run_once(lay.sft / "result.json", sft_cmd.run, sft_cfg))
+    timed("collect", lambda: run_once(lay.expert / "summary.json", run_collect, collect_cfg))
+    sft = timed("sft", lambda: run_once(lay.sft / "result.json", run_sft, sft_cfg))
     results |= timed("eval sft", lambda: evals({"sft": (cfg, str(lay.sft / "final"))}))
     if until == "sft":
         return {"results": results, "sft": sft, "rl": {}, "times": times}

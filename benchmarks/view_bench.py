@@ -40,7 +40,7 @@ from pathlib import Path
 import yaml
 
 from sage_rl.build import build_policy, build_runner, build_suite
-from sage_rl.cli.eval import EvalConfig
+from sage_rl.eval.runner import EvalConfig
 from sage_rl.rollout.batch import RolloutConfig, to_samples
 from sage_rl.skills.library import Library
 from sage_rl.train.logging import batch_metrics

@@ -169,9 +169,8 @@ class RecipeEval(Section):
 
 
 class RecipeSettings(Section):
-    """``sage-rl train``'s recipe (issue 17, docs/recipe.md): when ``init_from`` names a checkpoint
-    that does not exist yet, make it (expert collection, SFT) and then train, evaluating before and
-    after each stage."""
+    """The recipe that ``sage-rl recipe`` runs (issue 17, docs/recipe.md): make the SFT model
+    (expert collection, SFT), then train SAGE from it, evaluating before and after each stage."""
 
     #: The curriculum (PocketWorld): the train templates that collection, SFT, SAGE's rollouts and
     #: the ``train_heldout`` evaluations draw (``pocketworld.templates`` of every stage); null = all.
@@ -193,9 +192,9 @@ class TrainConfig(RunConfig, LoopConfig):
     """``sage-rl train``."""
 
     trainer: TrainerConfig = TrainerConfig()
-    #: start from this checkpoint when it exists (e.g. the SFT model), else from ``policy.model``
+    #: start from this checkpoint (e.g. the SFT model; it must exist); null = ``policy.model``
     init_from: str | None = None
-    #: with ``init_from`` set but missing: run the whole recipe (collect -> SFT -> train) instead
+    #: the stages of ``sage-rl recipe`` (collect -> SFT -> train); ``sage-rl train`` ignores it
     recipe: RecipeSettings | None = None
     tensorboard: bool = True
     wandb_project: str | None = None

@@ -47,7 +47,7 @@ def test_train_two_steps_writes_checkpoints_metrics_and_report(tiny_dir, tmp_pat
     assert (out / "checkpoints" / "step_000002" / "model" / "config.json").is_file()
     assert (out / "report.md").is_file() and (out / "rollouts" / "step_000002.jsonl").is_file()
     # a fresh start into a used run folder is refused (no silent mixing of two runs)
-    r2 = _cli("train", f"policy.model={tiny_dir}", f"out_dir={out}", *SMALL)
+    r2 = _cli("train", f"policy.model={tiny_dir}", f"out_dir={out}", "init_from=null", *SMALL)
     assert r2.returncode == 2 and "--resume" in r2.stderr
 
 

@@ -35,9 +35,9 @@ from doc_fixtures import (  # noqa: F401 - the fixtures the smoke forms use, by 
     sage_cli,
 )
 
-from sage_rl.cli.common import split_args
 from sage_rl.config import load_config
 from sage_rl.integrations.verl.config import VerlRunConfig
+from sage_rl.runs.console import split_args
 from sage_rl.settings import CollectConfig, EvalRunConfig, TrainConfig
 from sage_rl.train.sft_config import SFTConfig
 
@@ -60,6 +60,7 @@ CODE = "print(apis.supervisor.show_profile())\n"  # FILE of `world run --code FI
 CONFIGS = {
     ("eval",): (EvalRunConfig, "configs/eval.yaml"),
     ("train",): (TrainConfig, "configs/quickstart.yaml"),
+    ("recipe",): (TrainConfig, "configs/quickstart.yaml"),
     ("collect",): (CollectConfig, "configs/collect.yaml"),
     ("sft",): (SFTConfig, "configs/sft.yaml"),
     ("verl", "prepare-data"): (VerlRunConfig, None),
@@ -100,6 +101,10 @@ def _overrides(p: Parsed, cfg: Any, fx: Fixtures) -> list[str]:
         run = [f"out_dir={_copy(fx.train_run, fx.tmp, 'resumed')}", "steps=2"] if resume else [out, "steps=1"]
         small = ["rollout.group_size=2", "rollout.groups_per_step=1", "eval.scenarios=1", "init_from=null"]
         return [*run, *small, *AGENT, *_policy(cfg, fx)]
+    if p.path == ("recipe",):  # every stage at toy size (tests/test_recipe.py runs it in full)
+        stages = ["steps=1", "rollout.group_size=2", "recipe.collect.num_scenarios=2", "recipe.sft.optim.max_steps=1",
+                  "recipe.sft.eval_every=0", "recipe.eval.splits=[train_heldout]", "recipe.eval.scenarios=1"]  # fmt: skip
+        return [out, "pocketworld.sandbox=false", *stages, *AGENT, *_policy(cfg, fx)]
     if p.path == ("collect",):
         return ["num_scenarios=1", out, *AGENT, *_policy(cfg, fx)]
     if p.path == ("sft",):

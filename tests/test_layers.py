@@ -20,6 +20,7 @@ import sage_rl
 #: (layer, module prefixes), top to bottom: docs/architecture.md, "Layers".
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("commands", ("sage_rl.cli", "sage_rl.recipe", "sage_rl.integrations.verl.main")),
+    ("run functions", ("sage_rl.runs",)),
     ("composition root", ("sage_rl.build", "sage_rl.settings", "sage_rl.integrations.verl")),
     (
         "trainers and integrations",

@@ -1,6 +1,6 @@
-"""The recipe end to end (``sage-rl train`` with no SFT model yet): base evaluation, scripted-expert
-collection, SFT, evaluation, SAGE, evaluation, one report; then a refused and a resumed rerun.
-Toy size: the tiny model, 3 scenarios, 2 SFT steps, 1 RL step."""
+"""The recipe end to end (``sage-rl recipe``; ``sage-rl train`` without arguments): base evaluation,
+scripted-expert collection, SFT, evaluation, SAGE, evaluation, one report; then a refused and a
+resumed rerun. Toy size: the tiny model, 3 scenarios, 2 SFT steps, 1 RL step."""
 
 import json
 import os
@@ -8,26 +8,55 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sage_rl.config import load_config
-from sage_rl.recipe import applies
 from sage_rl.settings import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _train(*args: str) -> subprocess.CompletedProcess:
+def _cli(command: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "sage_rl.cli", "train", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    cmd = [sys.executable, "-m", "sage_rl.cli", command, *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
 
 
-def test_the_recipe_runs_when_init_from_is_missing(tmp_path):
+def _train(*args: str) -> subprocess.CompletedProcess:
+    return _cli("train", *args)
+
+
+def test_train_has_one_meaning_a_missing_init_from_is_an_error(tmp_path):
+    """``sage-rl train`` with a config or overrides trains one model; an ``init_from`` that does not
+    exist is a one-line error pointing at ``sage-rl recipe``, never a silent recipe run."""
+    from sage_rl.runs.train import NoStartModel, check_start
+
     cfg = load_config(TrainConfig, ROOT / "configs/quickstart.yaml", [f"init_from={tmp_path / 'none'}"])
-    assert applies(cfg)
+    with pytest.raises(NoStartModel, match="sage-rl recipe"):
+        check_start(cfg)
     (tmp_path / "sft").mkdir()
-    assert not applies(cfg.model_copy(update={"init_from": str(tmp_path / "sft")}))  # as before: train
-    assert not applies(cfg.model_copy(update={"init_from": None}))
-    assert not applies(cfg.model_copy(update={"recipe": None}))
+    check_start(cfg.model_copy(update={"init_from": str(tmp_path / "sft")}))
+    check_start(cfg.model_copy(update={"init_from": None}))  # policy.model
+    r = _train(f"init_from={tmp_path / 'none'}", f"out_dir={tmp_path / 'run'}")
+    assert r.returncode == 2 and "sage-rl recipe" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "run").exists()  # nothing ran
+
+
+def test_train_without_arguments_says_it_runs_the_recipe(tmp_path):
+    """The README's main command: ``sage-rl train`` alone runs the recipe of
+    configs/quickstart.yaml, and says so in one line (here into a folder that holds a run, so it
+    stops at once)."""
+    (tmp_path / "configs").mkdir()
+    quick = (ROOT / "configs" / "quickstart.yaml").read_text()
+    out = tmp_path / "used"
+    (tmp_path / "configs" / "quickstart.yaml").write_text(
+        quick.replace("out_dir: runs/quickstart", f"out_dir: {out}")
+    )
+    out.mkdir()
+    (out / "something").touch()
+    r = _cli("train", cwd=tmp_path)
+    assert "runs the main job: the recipe of configs/quickstart.yaml" in r.stderr
+    assert r.returncode == 2 and "holds a run already" in r.stderr
 
 
 def test_recipe_end_to_end_with_the_tiny_model(tiny_dir, tmp_path):
@@ -50,7 +79,7 @@ def test_recipe_end_to_end_with_the_tiny_model(tiny_dir, tmp_path):
         "recipe.eval.scenarios=1",
         "--json",
     ]
-    r = _train(*args)
+    r = _cli("recipe", *args)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     # every stage left its artefact
@@ -79,9 +108,9 @@ def test_recipe_end_to_end_with_the_tiny_model(tiny_dir, tmp_path):
     assert (out / "report.png").stat().st_size > 10_000
     assert set(summary["tgc"]["dev"]) == {"base", "SFT", "SAGE"}
     # a second run into the same folder is refused; --resume skips every finished stage
-    again = _train(*args[:-1])
+    again = _cli("recipe", *args[:-1])
     assert again.returncode == 2 and "--resume" in again.stderr
-    resumed = _train(*args, "--resume")
+    resumed = _cli("recipe", *args, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((out / "recipe.json").read_text()) == state
     assert json.loads(resumed.stdout.strip().splitlines()[-1])["tgc"] == summary["tgc"]

@@ -1,5 +1,7 @@
 """The ``sage-rl`` command. Each command group lives in its own module and is imported lazily,
-so ``sage-rl world ...`` does not pay for importing torch."""
+so ``sage-rl world ...`` does not pay for importing torch. The modules here are shells: they parse
+arguments, load the config, call a run function (``sage_rl/runs/``, or the recipe) and map its
+errors to exit codes; no module outside ``cli/`` imports them."""
 
 from __future__ import annotations
 
@@ -30,7 +32,11 @@ _GROUPS = {
 #: single commands -> module exposing ``main`` (a typer command function)
 _COMMANDS = {
     "eval": ("sage_rl.cli.eval", "Scenario-ordered evaluation (TGC, SGC, steps, tokens)."),
-    "train": ("sage_rl.cli.train", "SAGE / GRPO training with the local trainer."),
+    "train": (
+        "sage_rl.cli.train",
+        "SAGE / GRPO training of one model (no arguments: the main job, the recipe).",
+    ),
+    "recipe": ("sage_rl.cli.recipe", "The paper's recipe as one run: eval, collect, SFT, eval, SAGE, eval."),
     "collect": ("sage_rl.cli.collect", "Collect expert trajectories by rejection sampling."),
     "sft": ("sage_rl.cli.sft", "Supervised fine-tuning on expert trajectories."),
     "view": ("sage_rl.cli.view", "One offline HTML page of a run folder (or two, compared)."),

@@ -6,7 +6,8 @@ import json
 
 import typer
 
-from sage_rl.cli.common import err, fail, load_or_exit
+from sage_rl.runs.console import err, fail, load_or_exit
+from sage_rl.runs.sft import run_sft
 from sage_rl.train.sft_config import SFTConfig
 
 
@@ -21,7 +22,7 @@ def main(
     """
     cfg = load_or_exit(SFTConfig, config, ctx.args, default="configs/sft.yaml")
     try:
-        result = run(cfg, show_progress=not as_json)
+        result = run_sft(cfg, show_progress=not as_json)
     except (ValueError, RuntimeError, OSError) as e:  # bad data, unloadable model: one-line errors
         raise fail(str(e)) from None
     if as_json:
@@ -29,22 +30,3 @@ def main(
     else:
         for k, v in result.items():
             err.print(f"{k:>26}: {v}", highlight=False)
-
-
-def run(cfg: SFTConfig, show_progress: bool = True) -> dict:
-    """Load the model and the data, train, save; returns the result as a dict."""
-    import torch
-
-    from sage_rl.agent.render import ChatRenderer
-    from sage_rl.data.records import read_jsonl
-    from sage_rl.models import load_model
-    from sage_rl.train.sft import train_sft
-
-    if cfg.optim.threads:
-        torch.set_num_threads(cfg.optim.threads)
-    examples = read_jsonl(cfg.data.path)[: cfg.data.limit]
-    model, tokenizer = load_model(cfg.model, device=cfg.optim.device)
-    _, result = train_sft(
-        model, tokenizer, examples, cfg, ChatRenderer(tokenizer).conversation, show_progress
-    )
-    return result.to_dict()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from sage_rl.cli.common import err, fail
+from sage_rl.runs.console import err, fail
 
 
 def main(

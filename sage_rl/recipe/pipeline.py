@@ -1,12 +1,13 @@
-"""The paper's recipe end to end: what ``sage-rl train`` runs when its SFT model does not exist yet
-(issue 17; SAGE.md sections 3-8; docs/recipe.md).
+"""The paper's recipe end to end: what ``sage-rl recipe`` runs (and ``sage-rl train`` without
+arguments, the main job; issue 17; SAGE.md sections 3-8; docs/recipe.md).
 
     evaluate the base model -> collect expert trajectories -> SFT -> evaluate the SFT model
     -> SAGE from the SFT model -> evaluate the SAGE model -> one report of what each stage changed
 
-Each stage is the command that does it, called as a function with a config derived from the one
-``TrainConfig``: ``sage-rl collect`` (``cli.collect.run``), ``sage-rl sft`` (``cli.sft.run``),
-``sage-rl train`` (``cli.train.run``) and ``sage-rl eval`` (``cli.eval.evaluate``). The stages
+Each stage is the work of the command that does it, its run function called with a config derived
+from the one ``TrainConfig``: ``sage-rl collect`` (``runs.collect.run_collect``), ``sage-rl sft``
+(``runs.sft.run_sft``), ``sage-rl train`` (``runs.train.run_train``) and ``sage-rl eval``
+(``runs.eval.run_evaluation``). The stages
 share the run's environment, agent limits, prompt and skill settings, so the expert's examples, the
 SFT data, the RL rollouts and every evaluation see the same prompt. Evaluations are greedy and
 scenario-ordered. A stage whose output exists is skipped, so ``--resume`` continues a stopped run.
@@ -14,7 +15,6 @@ scenario-ordered. A stage whose output exists is skipped, so ``--resume`` contin
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import dataclasses
@@ -25,14 +25,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sage_rl.cli import collect as collect_cmd
-from sage_rl.cli import eval as eval_cmd
-from sage_rl.cli import sft as sft_cmd
-from sage_rl.cli import train as train_cmd
-from sage_rl.cli.common import err
 from sage_rl.config import dump_config
-from sage_rl.eval.report import print_table, write_run
 from sage_rl.recipe.report import write_report
+from sage_rl.runs.collect import run_collect
+from sage_rl.runs.console import err
+from sage_rl.runs.eval import run_evaluation
+from sage_rl.runs.sft import run_sft
+from sage_rl.runs.train import run_train
 from sage_rl.settings import CollectConfig, EvalRunConfig, RecipeSettings, RunConfig, TrainConfig
 from sage_rl.train.checkpoint import latest_checkpoint
 from sage_rl.train.sft_config import SFTConfig
@@ -42,11 +41,6 @@ STATE = "recipe.json"  # per-stage results and times, rewritten after every stag
 
 class RecipeError(RuntimeError):
     """The recipe cannot run as configured (one line for the user)."""
-
-
-def applies(cfg: TrainConfig) -> bool:
-    """The recipe runs when the config has one and names an ``init_from`` that does not exist yet."""
-    return cfg.recipe is not None and bool(cfg.init_from) and not Path(str(cfg.init_from)).is_dir()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,9 +141,7 @@ def evaluate(ev: EvalRunConfig) -> dict[str, Any]:
     saved = folder / "outcomes.json"
     if saved.is_file():
         return json.loads(saved.read_text())
-    result = asyncio.run(eval_cmd.evaluate(ev))
-    write_run(folder, result.metrics, result.chains, dump_config(ev), f"sage-rl eval: {ev.env} {ev.split}")
-    print_table(result.metrics, f"{ev.split}: {ev.policy.model or 'base model'} ({result.seconds:.0f} s)")
+    result = run_evaluation(ev, title=f"{ev.split}: {ev.policy.model or 'base model'}")
     strategy = next(iter(result.metrics))
     out = {
         "metrics": dataclasses.asdict(result.metrics[strategy]),
@@ -168,8 +160,8 @@ def run(cfg: TrainConfig, resume: bool) -> dict[str, Any]:
     """Run every stage not done yet; write ``recipe.json``, ``report.md`` and ``report.png`` in
     ``cfg.out_dir``. Returns the summary. A used ``out_dir`` without ``resume`` is a
     ``FileExistsError``."""
-    if cfg.recipe is None or not cfg.init_from:
-        raise RecipeError("the recipe needs a `recipe:` section and `init_from` (configs/quickstart.yaml)")
+    if cfg.recipe is None:
+        raise RecipeError("the recipe needs a `recipe:` section (configs/quickstart.yaml has one)")
     cfg = with_curriculum(cfg)
     r, lay = cfg.recipe, Layout(Path(cfg.out_dir))
     if lay.root.is_dir() and any(lay.root.iterdir()) and not resume:
@@ -183,8 +175,8 @@ def run(cfg: TrainConfig, resume: bool) -> dict[str, Any]:
     state = _load_state(lay.root)
     stages: list[tuple[str, str, Callable[[], Any]]] = [
         ("eval_base", "evaluate the base model", lambda: _evaluate_all(cfg, r, lay, "base", cfg.policy.model)),
-        ("collect", "collect expert trajectories", lambda: run_once(lay.expert / "summary.json", collect_cmd.run, collect_cfg)),
-        ("sft", "SFT", lambda: run_once(lay.sft / "result.json", sft_cmd.run, sft_cfg)),
+        ("collect", "collect expert trajectories", lambda: run_once(lay.expert / "summary.json", run_collect, collect_cfg)),
+        ("sft", "SFT", lambda: run_once(lay.sft / "result.json", run_sft, sft_cfg)),
         ("eval_sft", "evaluate the SFT model", lambda: _evaluate_all(cfg, r, lay, "sft", str(lay.sft / "final"))),
         ("sage", "SAGE from the SFT model", lambda: train_once(sage_cfg)),
         ("eval_sage", "evaluate the SAGE model", lambda: _evaluate_all(cfg, r, lay, "sage", final_model(lay.sage))),
@@ -246,7 +238,7 @@ def train_once(cfg: TrainConfig) -> dict:
     resumed: from its last checkpoint, or from step 0 when it stopped before its first step was
     logged (a folder with logged steps and no checkpoint is a ``CheckpointError`` naming it)."""
     out = Path(cfg.out_dir)
-    return run_once(out / "summary.json", lambda c: train_cmd.run(c, resume=out.is_dir()), cfg)
+    return run_once(out / "summary.json", lambda c: run_train(c, resume=out.is_dir()), cfg)
 
 
 def final_model(run_dir: Path) -> str:

@@ -1,6 +1,6 @@
 """Checkpoints of a training run, and resuming one exactly.
 
-Layout of ``<run_dir>/checkpoints/step_000012/``::
+Layout of ``<run_dir>/checkpoints/step_000012/`` (the run folder's: ``train/layout.py``)::
 
     model/        Hugging Face folder (config, model.safetensors, tokenizer): ``from_pretrained``,
                   ``sage-rl eval`` and vLLM load it. With LoRA this holds the MERGED weights.
@@ -32,7 +32,6 @@ import copy
 import json
 import os
 import random
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -42,12 +41,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from sage_rl.train.layout import STEP_NAME, RunFolder
 from sage_rl.train.logging import MetricsLogger
 from sage_rl.train.trainer import Trainer
-
-LATEST = "latest"
-METRICS = "metrics.jsonl"
-_STEP_DIR = re.compile(r"^step_\d{6}$")
 
 
 class CheckpointError(ValueError):
@@ -60,17 +56,14 @@ class CheckpointState:
     metrics_offset: int
 
 
-def checkpoints_dir(run_dir: str | os.PathLike[str]) -> Path:
-    return Path(run_dir) / "checkpoints"
-
-
 def save_checkpoint(
     trainer: Trainer, run_dir: str | os.PathLike[str], metrics_offset: int, keep_last: int | None = None
 ) -> Path:
     """Write the trainer's state at ``trainer.global_step``; returns the checkpoint folder."""
-    root = checkpoints_dir(run_dir)
+    folder = RunFolder.of(run_dir)
+    root = folder.checkpoints
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{trainer.global_step:06d}"
+    final = folder.checkpoint(trainer.global_step)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
         _save_model(trainer, tmp)
@@ -87,7 +80,7 @@ def save_checkpoint(
         os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    _write_atomic(root / LATEST, final.name)
+    _write_atomic(folder.latest, final.name)
     if keep_last:
         _prune(root, keep_last, final)
     return final
@@ -98,14 +91,14 @@ def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
 
     Raises ``CheckpointError`` when the ``latest`` pointer is unreadable or names no complete
     checkpoint (never a silent None: resuming would start over)."""
-    pointer = checkpoints_dir(run_dir) / LATEST
+    pointer = RunFolder.of(run_dir).latest
     if not pointer.is_file():
         return None
     try:
         name = pointer.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{pointer} cannot be read: {e}") from None
-    if not _STEP_DIR.match(name):
+    if not STEP_NAME.match(name):
         raise CheckpointError(f"{pointer} should name a checkpoint folder (step_NNNNNN), not {name[:80]!r}")
     ckpt = pointer.parent / name
     if not (ckpt / "state.json").is_file():
@@ -149,7 +142,7 @@ def open_run(
     that already has metrics (so a forgotten ``--resume`` does not mix two runs). Resuming a folder
     that has no metrics yet starts at step 0; one that has metrics but no usable checkpoint is a
     ``CheckpointError`` (nothing is cut or overwritten)."""
-    metrics = Path(run_dir) / METRICS
+    metrics = RunFolder.of(run_dir).metrics
     has_rows = metrics.is_file() and metrics.stat().st_size > 0
     offset, purge, start = None, None, 0
     if not resume:
@@ -181,14 +174,17 @@ def open_run(
 
 
 def _no_checkpoint(run_dir: Path) -> str:
-    pointer = checkpoints_dir(run_dir) / LATEST
-    newest = sorted(p.name for p in checkpoints_dir(run_dir).glob("step_*") if (p / "state.json").is_file())
+    folder = RunFolder(run_dir)
+    pointer = folder.latest
+    newest = sorted(p.name for p in folder.checkpoints.glob("step_*") if (p / "state.json").is_file())
     hint = (
         f"; the newest complete checkpoint folder is {newest[-1]}: write its name into {pointer} to resume from it"
         if newest
         else f"; start a new run with another out_dir, or remove {run_dir} to start this one afresh"
     )
-    return f"{run_dir / METRICS} holds metrics but {pointer} does not exist: there is no checkpoint to resume{hint}"
+    return (
+        f"{folder.metrics} holds metrics but {pointer} does not exist: there is no checkpoint to resume{hint}"
+    )
 
 
 def _read_state(path: Path) -> CheckpointState:

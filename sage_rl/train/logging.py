@@ -20,9 +20,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sage_rl.train.layout import RunFolder
 from sage_rl.types import Sample, StopReason
-
-METRICS_FILE = "metrics.jsonl"
 
 
 class MetricsLogger:
@@ -44,12 +43,13 @@ class MetricsLogger:
     ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.run_dir / METRICS_FILE
+        folder = RunFolder(self.run_dir)
+        self.path = folder.metrics
         if resume_offset is not None:
             truncate_metrics(self.path, resume_offset)
         self._file = self.path.open("a", encoding="utf-8")
         self._prefix = tag_prefix  # of TensorBoard tags (``sft/loss``); rows keep the plain names
-        self._tb = _tensorboard(self.run_dir / "tb", purge_step) if tensorboard else None
+        self._tb = _tensorboard(folder.tensorboard, purge_step) if tensorboard else None
         self._wandb = _optional_run("wandb", wandb_project, run_name, self.run_dir)
         self._trackio = _optional_run("trackio", trackio_project, run_name, self.run_dir)
 
@@ -99,7 +99,7 @@ def truncate_metrics(path: Path, offset: int) -> None:
 
 
 def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    path = Path(run_dir) / METRICS_FILE
+    path = RunFolder.of(run_dir).metrics
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

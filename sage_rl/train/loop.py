@@ -30,6 +30,7 @@ from sage_rl.rollout.chain import ChainRunner
 from sage_rl.rollout.pool import PoolKind, ScreenedPool
 from sage_rl.train.checkpoint import save_checkpoint
 from sage_rl.train.config import LoopConfig, TrainEvalConfig
+from sage_rl.train.layout import RunFolder
 from sage_rl.train.logging import MetricsLogger, batch_metrics, read_metrics
 from sage_rl.train.trainer import Trainer
 from sage_rl.types import Chain, dumps
@@ -64,7 +65,7 @@ async def train(
     sampled rollout tokens reach ``cfg.sampled_token_budget`` (how runs are compared at equal
     sampled tokens). ``runner.policy`` samples from ``trainer.model``; ``sync()`` is called after
     every step that updated the weights (``Training.sync``: the policy's ``weights_changed``)."""
-    out = Path(cfg.out_dir)
+    out = RunFolder.of(cfg.out_dir)
     before = None
     if cfg.eval.before_after and start == 0:
         before = await _evaluate(runner, cfg.eval, 0, progress)
@@ -87,7 +88,7 @@ async def train(
             sync()  # the policy samples the next rollouts (and evaluations) from the new weights
         t2 = time.perf_counter()
         rollout_s, train_s = rollout_s + t1 - t0, train_s + t2 - t1
-        _write_rollouts(out / "rollouts" / f"step_{step + 1:06d}.jsonl", batch.drawn_chains)
+        _write_rollouts(out.rollout_file(step + 1), batch.drawn_chains)
         step_tokens = sum(t.num_generated_tokens for c in batch.drawn_chains for t in c.trajectories)
         step_tokens += int(pool_row.get("pool/screen_tokens", 0))
         sampled += step_tokens
@@ -102,7 +103,7 @@ async def train(
             row.update(_eval_row(await _evaluate(runner, cfg.eval, step + 1, progress)))
         logger.log(step + 1, row)
         if (step + 1) % cfg.checkpoint_every == 0 or last:
-            save_checkpoint(trainer, out, logger.offset(), keep_last=cfg.keep_last)
+            save_checkpoint(trainer, out.root, logger.offset(), keep_last=cfg.keep_last)
         if progress:
             progress.advance(job)
         done = step + 1
@@ -112,11 +113,11 @@ async def train(
     return TrainResult(done, before, after, rollout_s, train_s, sampled)
 
 
-def _sampled_so_far(out: Path, start: int) -> int:
+def _sampled_so_far(out: RunFolder, start: int) -> int:
     """Sampled tokens of the steps before ``start`` (a resumed run), from its metrics rows."""
     if start == 0:
         return 0
-    rows = [r for r in read_metrics(out) if 0 < r.get("step", 0) <= start and "sampled_tokens" in r]
+    rows = [r for r in read_metrics(out.root) if 0 < r.get("step", 0) <= start and "sampled_tokens" in r]
     return sum(int(r["sampled_tokens"]) for r in rows)
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import typer
 
-from sage_rl.cli.common import err, fail, load_or_exit
 from sage_rl.config import ConfigError, dump_config
 from sage_rl.integrations.verl import VerlMissingError, require_verl
 from sage_rl.integrations.verl.config import VerlRunConfig
+from sage_rl.runs.console import err, fail, load_or_exit
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.split("\n\n")[0])
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}

@@ -1,4 +1,7 @@
-"""Helpers shared by the config-driven commands (eval, train, collect, sft)."""
+"""What every command shares, the ``sage-rl`` commands and verl's entry point alike: the stderr
+console, progress bars, loading a command's config (or exiting 2 with the one-line error), and a
+one-line error to exit with. Run functions print progress here; results go to stdout only as a
+command's ``--json``."""
 
 from __future__ import annotations
 

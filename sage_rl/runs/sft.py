@@ -1,0 +1,25 @@
+"""``sage-rl sft``'s work: load the model and the chat examples, fine-tune, save (docs/sft.md)."""
+
+from __future__ import annotations
+
+from sage_rl.train.sft_config import SFTConfig
+
+
+def run_sft(cfg: SFTConfig, show_progress: bool = True) -> dict:
+    """Load the model and the data, train, save (``cfg.output.dir``); returns the result as a
+    dict. Bad data or an unloadable model raise ``ValueError``, ``RuntimeError`` or ``OSError``."""
+    import torch
+
+    from sage_rl.agent.render import ChatRenderer
+    from sage_rl.data.records import read_jsonl
+    from sage_rl.models import load_model
+    from sage_rl.train.sft import train_sft
+
+    if cfg.optim.threads:
+        torch.set_num_threads(cfg.optim.threads)
+    examples = read_jsonl(cfg.data.path)[: cfg.data.limit]
+    model, tokenizer = load_model(cfg.model, device=cfg.optim.device)
+    _, result = train_sft(
+        model, tokenizer, examples, cfg, ChatRenderer(tokenizer).conversation, show_progress
+    )
+    return result.to_dict()
