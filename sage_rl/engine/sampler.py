@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sage_rl.policies.base import SamplingParams
+from sage_rl.types import SamplingParams
 
 
 def sampling_logprobs(logits_V: torch.Tensor, params: SamplingParams) -> torch.Tensor:
