@@ -66,7 +66,9 @@ class _Suite:
         return ()
 
     def sample_chain(self, rng, length, split="train"):
-        return tuple(Task(f"t{rng.random():.6f}_{k}", "s", k, "say hello", split) for k in range(1, length + 1))
+        return tuple(
+            Task(f"t{rng.random():.6f}_{k}", "s", k, "say hello", split) for k in range(1, length + 1)
+        )
 
     async def open(self) -> _Env:
         self.opened += 1

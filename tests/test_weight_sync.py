@@ -39,6 +39,8 @@ def test_after_a_step_and_weights_changed_samples_come_from_the_new_weights(tiny
     assert stats["updated"] == 1.0
     policy.weights_changed()
     after = _ask(policy, prompt, seed=2)
-    fresh = _ask(TransformersPolicy(copy.deepcopy(trainer.model), tok, stop_ids=(), dtype=dtype), prompt, seed=2)
+    fresh = _ask(
+        TransformersPolicy(copy.deepcopy(trainer.model), tok, stop_ids=(), dtype=dtype), prompt, seed=2
+    )
     assert after.token_ids == fresh.token_ids
     assert after.logprobs == pytest.approx(fresh.logprobs, abs=1e-5)

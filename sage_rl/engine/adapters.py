@@ -53,4 +53,3 @@ def effective_linear(m: Any) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
     for a in active:
         weight = weight + m.get_delta_weight(a).detach().to(weight.dtype)
     return weight, (base.bias.detach() if base.bias is not None else None), bool(active)
-
