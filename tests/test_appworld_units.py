@@ -321,3 +321,51 @@ def test_worker_errors_read_as_one_line_and_the_zygote_gets_no_parent_secret(
     env = zygote_env(AppWorldPaths(venv=tmp_path / "v", root=tmp_path / "r"), tmp_path)
     assert "OPENAI_API_KEY" not in env and "sk-secret" not in env.values()
     assert env["APPWORLD_ROOT"] == str(tmp_path / "r")
+
+
+SNAPSHOT_NICENESS_SCRIPT = """
+import importlib.util, os, sys, time
+spec = importlib.util.spec_from_file_location("snapshots", sys.argv[1])
+snapshots = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(snapshots)
+before = os.getpriority(os.PRIO_PROCESS, 0)
+s = snapshots.Snapshots()
+if s.take():  # a copy that took over (this script died): nothing to do
+    os._exit(0)
+old = s._pid
+if s.take():
+    os._exit(0)
+fields = []
+for _ in range(500):  # the discarded copy, told to exit, is a zombie until reaped
+    with open(f"/proc/{old}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    if fields[0] == "Z":
+        break
+    time.sleep(0.01)
+s.discard()
+print(fields[0], fields[16], os.getpriority(os.PRIO_PROCESS, 0) - before)
+"""
+
+
+def test_a_discarded_snapshot_exits_at_the_lowest_priority_not_taking_a_core_from_the_worker(
+    tmp_path: Path,
+) -> None:
+    """Its exit unmaps a copy of the whole worker (as much CPU as the fork); at nice 0 it competes
+    with the worker's next cell on a loaded machine. The worker itself keeps its priority."""
+    import subprocess
+    import sys
+
+    import sage_rl.integrations.appworld as appworld
+
+    script = Path(appworld.__file__).with_name("snapshots.py")
+    out = subprocess.run(
+        [sys.executable, "-c", SNAPSHOT_NICENESS_SCRIPT, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    state, nice, worker_change = out[0], int(out[1]), int(out[2])
+    assert state == "Z"
+    assert nice == 19
+    assert worker_change == 0

@@ -53,11 +53,13 @@ class PendingCalls:
     in one), until they complete. AppWorld's alarm can stop a cell while its last request is still
     running in the portal's thread; the worker waits for it before it answers (and so before it
     snapshots: fork copies no thread), then saves AppWorld's state again. Only calls started while
-    a cell runs are tracked: the client's own lifespan task runs as long as the client."""
+    a cell runs are tracked: the client's own lifespan task runs as long as the client. ``started``
+    counts them (a cell that started none changed no app's database)."""
 
     def __init__(self) -> None:
         self.pending: set = set()
         self.tracking = False
+        self.started = 0
 
     def install(self) -> None:
         """Wrap ``BlockingPortal.start_task_soon`` (``portal.call`` goes through it)."""
@@ -68,6 +70,7 @@ class PendingCalls:
         def start_task_soon(portal, *args, **kwargs):
             future = start(portal, *args, **kwargs)
             if self.tracking:
+                self.started += 1
                 pending.add(future)
                 future.add_done_callback(pending.discard)
             return future
@@ -159,6 +162,7 @@ class Episode:
         self._alarm: AlarmWatch | None = None
         self._dead_clients: list = []
         self._output_chars = DEFAULT_OUTPUT_CHARS
+        self._completed: bool | None = None  # as of the last cell that made an API call
 
     def reset(self, req: dict) -> dict:
         if self.world is not None:
@@ -231,8 +235,9 @@ class Episode:
         before = {n: world.shell.user_ns.get(n) for n in names}
         self._ran, self._result = False, None
         self._alarm.fired = False  # type: ignore[union-attr]
-        PENDING.tracking = True
+        PENDING.tracking, PENDING.started = True, 0
         output = world.execute(code)
+        called = PENDING.started > 0
         if PENDING.drain():  # a request outlived the cell: save the state it left
             world._save_state(world.output_db_home_path_on_disk)
         timed_out = self._alarm.fired  # type: ignore[union-attr]
@@ -247,11 +252,15 @@ class Episode:
         after = world.shell.user_ns
         # A definition "executed" when the name is now bound to a new function object.
         defined = [n for n in names if callable(after.get(n)) and after.get(n) is not before[n]]
+        # Only an API request changes the task's status: a cell that made none keeps the last one
+        # read (reading costs a query of the supervisor's database, a sixth of a bare cell).
+        if called or self._completed is None:
+            self._completed = completed(world)
         return {
             "output": output,
             "failed": failed,
             "timed_out": timed_out,
-            "completed": completed(world),
+            "completed": self._completed,
             "defined": defined,
         }
 
@@ -261,7 +270,8 @@ class Episode:
         world.num_interactions += 1
         world._save_state(world.output_db_home_path_on_disk)  # the dead worker may have been mid-save
         world.save_logs()
-        return {"completed": completed(world)}
+        self._completed = completed(world)
+        return {"completed": self._completed}
 
     def revive(self) -> None:
         """In a snapshot that took over: AppWorld's API client ran its event loop in a thread,
