@@ -163,6 +163,7 @@ def run(cfg: TrainConfig, resume: bool) -> dict[str, Any]:
     if cfg.recipe is None:
         raise RecipeError("the recipe needs a `recipe:` section (configs/quickstart.yaml has one)")
     cfg = with_curriculum(cfg)
+    bound_heap()
     r, lay = cfg.recipe, Layout(Path(cfg.out_dir))
     if lay.root.is_dir() and any(lay.root.iterdir()) and not resume:
         raise FileExistsError(f"{lay.root} holds a run already")
@@ -193,6 +194,19 @@ def run(cfg: TrainConfig, resume: bool) -> dict[str, Any]:
     summary = write_report(lay.root, cfg, state)
     err.print(f"recipe done; report: {lay.root / 'report.md'}")
     return summary
+
+
+#: glibc's mmap threshold for the recipe's process: blocks this large or larger are mapped on their
+#: own and unmapped when freed. Left dynamic, glibc raises it to 32 MiB after the first frees, so a
+#: step's activations come from the heap and stay resident (docs/LOG.md, issue 32).
+MMAP_THRESHOLD = 1 << 20
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+
+
+def bound_heap() -> None:
+    """Fix glibc's mmap threshold at ``MMAP_THRESHOLD`` (a no-op without glibc)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 def release_memory() -> None:
