@@ -16,6 +16,7 @@ temperature 1), and a fixed observation of about ``--obs`` tokens appended after
   ``python3 -m venv .venv-bench && .venv-bench/bin/pip install llama-cpp-python==0.3.36``.
 
     .venv/bin/python benchmarks/engine_bench.py [--threads 2] [--systems policy,hf_generate] [--isa avx2] [--busy] [--quick]
+    .venv/bin/python benchmarks/engine_bench.py --device cuda [...]   (benchmarks/gpu_engine_bench.py: the GPU figures)
 
 - ``--isa avx2`` runs torch's, oneDNN's and MKL's AVX2 kernels on any x86 CPU (the process
   re-executes itself with ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
@@ -263,6 +264,11 @@ def policy_variant(system: str) -> dict:
 
 
 def main() -> None:
+    if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1 :][:1] == ["cuda"]:
+        import gpu_engine_bench  # the CUDA path's measurements (issue 28): its own arguments
+
+        gpu_engine_bench.main(sys.argv[1:])
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=8)
     ap.add_argument("--group", type=int, default=1, help="episodes per group (sharing their whole prompt)")

