@@ -95,7 +95,13 @@ def matmul_flops(device: str) -> float:
 def per_position_bytes(model: Any, dtype: torch.dtype) -> int:
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return c.num_hidden_layers * 2 * c.num_key_value_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    return (
+        c.num_hidden_layers
+        * 2
+        * c.num_key_value_heads
+        * head_dim
+        * torch.empty((), dtype=dtype).element_size()
+    )
 
 
 def store_bytes(model: Any, rows: int, args: argparse.Namespace) -> int:
@@ -163,7 +169,9 @@ def greedy_check(model_cpu, model_dev, tok, prompts, args) -> dict:
         policy = TransformersPolicy(model, tok, max_batch=len(prompts), stop_ids=(), threads=None, **kw)
 
         async def go():
-            return await asyncio.gather(*[policy.generate(PolicyRequest((), tuple(p), params)) for p in prompts])
+            return await asyncio.gather(
+                *[policy.generate(PolicyRequest((), tuple(p), params)) for p in prompts]
+            )
 
         return [c.token_ids for c in asyncio.run(go())]
 
@@ -172,13 +180,13 @@ def greedy_check(model_cpu, model_dev, tok, prompts, args) -> dict:
     bf16 = sample(model_dev, dtype=torch.bfloat16, engine=PagedOptions(store_bytes=1 << 30))
 
     def agree(a, b) -> int:
-        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+        return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
 
     return {
         "prompts": len(prompts), "tokens_each": args.greedy_tokens,
-        "fp32_equal_to_cpu": sum(a == b for a, b in zip(want, fp32)),
-        "bf16_equal_to_cpu": sum(a == b for a, b in zip(want, bf16)),
-        "bf16_first_difference": [agree(a, b) for a, b in zip(want, bf16)],
+        "fp32_equal_to_cpu": sum(a == b for a, b in zip(want, fp32, strict=True)),
+        "bf16_equal_to_cpu": sum(a == b for a, b in zip(want, bf16, strict=True)),
+        "bf16_first_difference": [agree(a, b) for a, b in zip(want, bf16, strict=True)],
     }  # fmt: skip
 
 
@@ -206,7 +214,11 @@ def logprob_check(model, tok, prompts, args) -> dict:
             ref = torch.log_softmax(logits, -1).gather(1, ids)[:, 0].cpu()
             diffs.append(torch.tensor(s.logprobs) - ref)
         d = torch.cat(diffs)
-        out[name] = {"tokens": d.numel(), "mean_abs": round(d.abs().mean().item(), 5), "max_abs": round(d.abs().max().item(), 5)}
+        out[name] = {
+            "tokens": d.numel(),
+            "mean_abs": round(d.abs().mean().item(), 5),
+            "max_abs": round(d.abs().max().item(), 5),
+        }
     out["tolerance_mean_abs"] = 2e-2
     out["within_tolerance"] = out["vs_bf16_autocast_forward"]["mean_abs"] <= 2e-2
     return out
@@ -215,7 +227,9 @@ def logprob_check(model, tok, prompts, args) -> dict:
 def train_check(model, tok, args, peak: float) -> dict:
     from sage_rl.train.trainer import Trainer, TrainerConfig
 
-    samples = train_bench.as_samples(train_bench.make_rollout_batch(args.train_batch, model.config.vocab_size, 0))
+    samples = train_bench.as_samples(
+        train_bench.make_rollout_batch(args.train_batch, model.config.vocab_size, 0)
+    )
     params = sum(p.numel() for p in model.parameters())
     out: dict[str, Any] = {"samples": len(samples), "params": params, "micro": {}}
     for micro in (int(m) for m in args.train_micro.split(",")):
@@ -238,7 +252,9 @@ def train_check(model, tok, args, peak: float) -> dict:
             "mfu_vs_nominal": round(6 * params * fwd_tok_s / NOMINAL_BF16_FLOPS, 3),
         }  # fmt: skip
         log(f"trainer micro {micro}: {out['micro'][micro]}")
-    best = max((v for v in out["micro"].values() if isinstance(v, dict)), key=lambda v: v["seq_tok_s"], default=None)
+    best = max(
+        (v for v in out["micro"].values() if isinstance(v, dict)), key=lambda v: v["seq_tok_s"], default=None
+    )
     out["best"] = best
     return out
 
@@ -261,15 +277,21 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--train-batch", type=int, default=64)
     ap.add_argument("--train-micro", default="8,16,32")
     ap.add_argument("--train-steps", type=int, default=2)
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: engine,hf,greedy,logprobs,train")
+    ap.add_argument(
+        "--skip", default="", help="comma-separated parts to skip: engine,hf,greedy,logprobs,train"
+    )
     ap.add_argument("--out", default="docs/results/gpu_engine.json")
-    ap.add_argument("--quick", action="store_true", help="CPU smoke test: tiny model, tiny sizes, nothing written")
+    ap.add_argument(
+        "--quick", action="store_true", help="CPU smoke test: tiny model, tiny sizes, nothing written"
+    )
     args = ap.parse_args(argv)
     from sage_rl.models import load_model, tiny_model
 
     cuda = torch.cuda.is_available()
     if not cuda and not args.quick:
-        raise SystemExit("gpu_engine_bench: no CUDA GPU here (use --quick for a CPU smoke test); nothing written")
+        raise SystemExit(
+            "gpu_engine_bench: no CUDA GPU here (use --quick for a CPU smoke test); nothing written"
+        )
     device = "cuda" if cuda else "cpu"
     if args.quick:
         args.rows, args.hf_rows, args.attention = "2,4", 4, "gather"  # eager flex on a CPU: dense, slow
@@ -292,6 +314,12 @@ def main(argv: list[str] | None = None) -> dict:
         "workload": {"prompt_tokens": [min(map(len, prompts)), args.prompt_max], "turns": args.turns,
                      "gen_tokens": args.gen, "obs_tokens": len(obs), "group": args.group},
     }  # fmt: skip
+
+    def save() -> None:  # after every part: a run cut short by its time limit keeps what it measured
+        if cuda and not args.quick:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
     bw = copy_bandwidth(device)
     peak = matmul_flops(device)
     result["copy_bandwidth_gbs"] = round(bw / 1e9, 1)
@@ -300,6 +328,7 @@ def main(argv: list[str] | None = None) -> dict:
     if "greedy" not in skip:
         result["greedy"] = greedy_check(model_cpu, model, tok, prompts[: args.greedy_prompts], args)
         log(f"greedy: {result['greedy']}")
+        save()
     if "engine" not in skip:
         weights = sum(p.numel() for p in model.parameters()) * 2  # bf16 (a tied head read once more: ignored)
         mean_ctx = args.prompt + args.turns * (args.gen + len(obs)) / 2
@@ -314,8 +343,11 @@ def main(argv: list[str] | None = None) -> dict:
                 r["fraction_of_floor"] = round(r["tok_s"] / r["floor_tok_s"], 3)
                 engine[f"{attention}_{rows}"] = r
                 log(f"engine {attention} rows {rows}: {r}")
+                save()
         result["engine"] = engine
-        best64 = max((v for k, v in engine.items() if k.endswith("_64")), key=lambda v: v["tok_s"], default=None)
+        best64 = max(
+            (v for k, v in engine.items() if k.endswith("_64")), key=lambda v: v["tok_s"], default=None
+        )
         if best64:
             result["tok_s_64"], result["floor_tok_s_64"] = best64["tok_s"], best64["floor_tok_s"]
     if "hf" not in skip:
@@ -323,19 +355,19 @@ def main(argv: list[str] | None = None) -> dict:
         result["hf_generate"] = run_hf(model_bf16, tok, prompts[: args.hf_rows], obs, args)
         del model_bf16
         log(f"hf generate rows {args.hf_rows}: {result['hf_generate']}")
+        save()
         if "tok_s_64" in result and args.hf_rows == 64:
             result["ratio_vs_hf_generate_64"] = round(result["tok_s_64"] / result["hf_generate"]["tok_s"], 2)
     if "logprobs" not in skip:
         result["logprobs"] = logprob_check(model, tok, prompts[:2], args)
         log(f"logprobs: {result['logprobs']}")
+        save()
     if "train" not in skip:
         result["train"] = train_check(model, tok, args, peak)
         if result["train"]["best"]:
             result["train_tok_s"] = result["train"]["best"]["seq_tok_s"]
     print(json.dumps(result, indent=1))
-    if cuda and not args.quick:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    save()
     return result
 
 
