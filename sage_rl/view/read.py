@@ -8,7 +8,7 @@ folder raises ``ViewError``.
 
 What each command writes (see the writers):
 
-- train (``train/loop.py``, ``cli/train.py``): ``config.yaml``, ``rollouts/step_NNNNNN.jsonl``
+- train (``train/loop.py``, ``runs/train.py``; ``train/layout.py``): ``config.yaml``, ``rollouts/step_NNNNNN.jsonl``
   (one ``Chain`` per line), ``metrics.jsonl`` (one row per step), ``summary.json`` (before/after);
 - eval (``eval/report.py: write_run``): ``config.yaml``, ``trajectories.<strategy>.jsonl`` (one
   ``Chain`` per scenario), ``metrics.json``;
