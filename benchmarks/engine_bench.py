@@ -282,14 +282,15 @@ def main() -> None:
     ap.add_argument(
         "--busy", action="store_true", help="a competing 2-thread matmul loop beside every system"
     )
-    ap.add_argument("--quick", action="store_true", help="300-token prompts, 2 turns of 32 tokens")
+    ap.add_argument(
+        "--quick", action="store_true", help="300-token prompts, 2 turns of 32 tokens (unless given)"
+    )
     ap.add_argument("--llama-python", default=".venv-bench/bin/python")
     ap.add_argument("--no-mismatch", action="store_true", help="skip the sampler-vs-fp32 logprob check")
+    if "--quick" in sys.argv:  # its sizes are defaults: --prompt, --turns, --gen still apply
+        ap.set_defaults(**QUICK)
     args = ap.parse_args()
     reexec_for_isa(args.isa)
-    if args.quick:
-        for k, v in QUICK.items():
-            setattr(args, k, v)
     torch.set_num_threads(args.threads)
     console = Console(stderr=True, markup=False)  # the CPU tag has brackets
     cpu = cpu_info()
