@@ -4,11 +4,11 @@
         [--out runs/gpu_recipe] [--results docs/results/gpu] [key=value ...]
     PYTHONPATH=$PWD python benchmarks/gpu_recipe.py --quick --deadline-s 60 --out /tmp/g --results /tmp/g
 
-The stages are ``benchmarks/laptop_recipe.py``'s (base -> SFT -> SAGE vs GRPO, same evaluations,
-same table, same plot) with ``configs/gpu_recipe.yaml``'s bigger G, B and batches. What this script
-adds is the RL budget: after the SFT model's evaluation it gives SAGE and GRPO the same
-``sampled_token_budget``, the largest that :func:`rl_budget` expects to fit in the time left; when
-not even one step of each fits, it stops there and reports base and SFT only. Equal sampled tokens
+The stages are ``benchmarks/laptop_recipe.py``'s (base -> the two SFT models -> SAGE and the GRPO
+controls, same evaluations, same table, same plot) with ``configs/gpu_recipe.yaml``'s bigger G, B
+and batches. What this script adds is the RL budget: after the SFT models' evaluations it gives the
+three RL arms the same ``sampled_token_budget``, the largest that :func:`rl_budget` expects to fit in
+the time left; when not even one step of each fits, it stops there and reports base and SFT only. Equal sampled tokens
 is what the comparison needs; how many that is depends on the machine, so it is measured, not
 guessed. A budget given in the config or on the command line is used as it is.
 
@@ -35,8 +35,9 @@ from sage_rl.settings import TrainConfig  # noqa: E402
 #: Share of the RL time spent sampling at the evaluation's rate: the rest pays for training, the
 #: sandbox and the step that overshoots the budget. Conservative: RL samples in bigger batches.
 SAMPLING_SHARE = 0.5
-#: The RL models' evaluations, in units of the SFT model's: two models, and an RL model may write
-#: longer answers (the laptop's GRPO model wrote 1.65x the SFT model's tokens).
+#: The RL models' evaluations, in units of the SFT models' ("eval sft": sft with and without its
+#: library): four models (sage, sage_nolib, grpo_lib, grpo_nolib), and an RL model may write longer
+#: answers (the laptop's GRPO model wrote 1.65x the SFT model's tokens).
 EVAL_FACTOR = 3.0
 #: --quick: laptop_recipe's toy sizes, with the budget left to the deadline rule.
 QUICK = [
@@ -52,22 +53,23 @@ def rl_budget(sft_done: dict[str, Any], left_s: float, cfg: TrainConfig) -> tupl
     """Sampled tokens per RL run that should let both runs and their evaluations end within
     ``left_s`` (None when not even one step of each fits), and the rule's arithmetic as text.
 
-    The greedy evaluation of the SFT model gives the rate (its generated tokens over its wall
-    time); the RL runs get what is left after their evaluations, half each, sampling
-    ``SAMPLING_SHARE`` of the time; one step's worth is taken off, since a run stops after the
-    step that reaches the budget.
+    The greedy evaluations of the SFT model (with and without its library) give the rate (their
+    generated tokens over their wall time); the RL arms get what is left after their evaluations,
+    a third each, sampling ``SAMPLING_SHARE`` of the time; one step's worth is taken off, since a
+    run stops after the step that reaches the budget.
     """
     ev_s = sft_done["times"]["eval sft"]
-    metrics = [ev["metrics"] for ev in sft_done["results"]["sft"].values()]
+    metrics = [ev["metrics"] for m in ("sft", "sft_nolib") for ev in sft_done["results"][m].values()]
     tokens = sum(m["avg_tokens"] * m["tasks"] for m in metrics)
     rate = tokens / max(ev_s, 1e-9)
     per_task = tokens / max(1, sum(m["tasks"] for m in metrics))
     r = cfg.rollout
     step_tokens = r.group_size * r.groups_per_step * r.chain_length * per_task
-    rl_s = max(0.0, left_s - EVAL_FACTOR * ev_s) / 2
+    arms = len(laptop_recipe.RL_START)
+    rl_s = max(0.0, left_s - EVAL_FACTOR * ev_s) / arms
     sampled = SAMPLING_SHARE * rl_s * rate
     head = (
-        f"left {left_s:.0f} s - {EVAL_FACTOR} x eval sft {ev_s:.0f} s = {2 * rl_s:.0f} s for RL, "
+        f"left {left_s:.0f} s - {EVAL_FACTOR} x eval sft {ev_s:.0f} s = {arms * rl_s:.0f} s for RL, "
         f"{rl_s:.0f} s each; x {SAMPLING_SHARE} x {rate:.0f} tok/s (eval sft) = {sampled:.0f} tokens"
     )
     if sampled < step_tokens:
@@ -85,6 +87,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="toy size with the tiny random model (tests)")
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
     args = ap.parse_args(argv)
+    if (
+        args.quick
+        and Path(args.results).resolve() == (laptop_recipe.ROOT / "docs" / "results" / "gpu").resolve()
+    ):
+        ap.error(
+            "--quick writes toy figures: give --results a scratch folder, not the measured docs/results/gpu"
+        )
     t0 = time.perf_counter()
     out = Path(args.out)
     overrides = list(args.overrides)
@@ -98,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cfg = cfg.model_copy(update={"sampled_token_budget": budget})
     print(f"[gpu_recipe] sampled_token_budget: {rule}", file=sys.stderr)
     done = first
-    if budget is not None:  # else the report has base and SFT only, as with --until sft
+    if budget is not None:  # else the report has base and the SFT models only, as with --until sft
         done = laptop_recipe.run(cfg, out)
         done["times"] |= first["times"]  # the stages this call read back took their time in the first
     row = laptop_recipe.table(done, cfg, out) | {

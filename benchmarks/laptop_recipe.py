@@ -1,28 +1,32 @@
-"""The laptop experiment of issue 17: base model, SFT, SAGE from SFT and GRPO from SFT at equal
-sampled tokens, evaluated on ``train_heldout`` and ``dev`` in the paper's table shape.
+"""The laptop experiment (issues 17 and 27): SFT, SAGE and the paper's controls at equal sampled
+RL tokens, evaluated on ``train_heldout`` and ``dev`` in the paper's table shape.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/laptop_recipe.py [--config configs/laptop_recipe.yaml]
-        [--out runs/laptop_recipe] [--results docs/results] [key=value ...]
+        [--out runs/laptop_recipe] [--results docs/results] [--parallel] [key=value ...]
     PYTHONPATH=$PWD .venv/bin/python benchmarks/laptop_recipe.py --quick --out /tmp/lr   # toy size, tiny model
 
-Stages (each skipped when its output exists in ``--out``, so a stopped run resumes):
-1. evaluate the base model; 2. collect scripted-expert trajectories; 3. SFT; 4. evaluate SFT;
-5. SAGE from SFT (K = 2, skill-integrated reward, library); 6. GRPO from SFT (no library, K = 1,
-outcome reward); 7. evaluate both. Stages 1-4 are the recipe's own (``sage_rl.recipe``).
+The models (``sage_rl/recipe/controls.py`` says what each isolates): ``base``; ``sft`` (skill-library
+SFT, with its library); ``sft_nolib`` (the same weights, ``skills.use_skills=false``: the format
+control); ``sft_inline`` (SFT on the library-free expert's trajectories of the same scenarios, the
+same SFT settings; evaluated without a library); ``grpo_nolib`` (the paper's baseline: from
+``sft_inline``, no library, K = 1, outcome reward); ``grpo_lib`` (from ``sft``, same prompt and
+library as SAGE, K = 1, outcome reward); ``sage`` (from ``sft``, K = 2, skill-integrated reward);
+``sage_nolib`` (the SAGE model without its library: the skill value).
 
-Equal sampled tokens: both RL runs get the same ``sampled_token_budget``: each stops after the
-step at which its rollouts' generated tokens (prompts, observations and evaluations excluded)
-reach the budget, so each overshoots by less than one step; both totals are reported. GRPO's
-``groups_per_step`` is K times SAGE's, so both take the same number of task samples per step.
-Both train from the same SFT checkpoint with the same trainer settings and seed.
+Stages, each skipped when its output exists in ``--out`` (a stopped run resumes; run folders are
+kept): evaluate base; collect (library) -> SFT -> evaluate sft, sft_nolib; collect (library-free,
+same scenarios) -> SFT -> evaluate sft_inline; RL sage, grpo_lib, grpo_nolib (each to the same
+``sampled_token_budget``: it stops after the step at which its generated rollout tokens, screens
+included, reach it); evaluate the four RL models.
 
-Every evaluation is greedy and scenario-ordered with the same agent limits; GRPO is evaluated in
-its own format (no library section, as trained). Bootstrap intervals (95%, percentile, seed 0;
-sage_rl/eval/ci.py) go beside every TGC/SGC, over tasks and scenarios; the paired TGC differences
-resample the same tasks for both models.
+Every evaluation is greedy and scenario-ordered with the same agent limits, every model on the
+same tasks (all of ``recipe.eval.splits``; ``recipe.eval.base_token_budget`` caps the base model).
+Intervals (95%, percentile, seed 0; sage_rl/eval/ci.py) resample whole scenarios; every difference
+is paired (the same scenarios drawn for both models).
 
-Writes ``<results>/laptop_recipe.json`` and ``<results>/laptop_recipe.png`` (learning curves:
-reward by position and held-out TGC against sampled tokens, SAGE vs GRPO; TGC by model).
+Writes ``<results>/laptop_recipe.json`` and ``<results>/laptop_recipe.png`` (reward by position and
+a greedy held-out TGC curve on the first ``eval.scenarios`` scenarios against sampled tokens, each
+RL arm from its own start model's measured TGC on those scenarios; TGC by model).
 """
 
 from __future__ import annotations
@@ -37,7 +41,19 @@ from pathlib import Path
 from typing import Any
 
 from sage_rl.config import load_config
-from sage_rl.eval.ci import paired_outcomes
+from sage_rl.eval.ci import bootstrap_ci
+from sage_rl.recipe.controls import (
+    MODELS,
+    NO_LIBRARY,
+    PAIRS,
+    RL_START,
+    curve,
+    differences,
+    grpo_config,
+    per_task,
+    units,
+    without_library,
+)
 from sage_rl.recipe.pipeline import (
     Layout,
     collect_config,
@@ -48,21 +64,25 @@ from sage_rl.recipe.pipeline import (
     sft_config,
     train_config,
     train_once,
+    with_curriculum,
 )
 from sage_rl.runs.collect import run_collect
 from sage_rl.runs.sft import run_sft
 from sage_rl.settings import TrainConfig
 
-MODELS = ("base", "sft", "sage", "grpo")
+ROOT = Path(__file__).resolve().parents[1]
 SPLITS = {"heldout": "train_heldout", "dev": "dev"}
-
-#: --quick: the tiny random model, toy sizes, in-process executor: the pipeline in well under a minute.
+#: --quick: the tiny random model, toy sizes, in-process executor: the pipeline in a few minutes.
 QUICK = [
     "pocketworld.sandbox=false",
     "agent.max_steps=2",
     "agent.max_tokens_per_turn=12",
     "agent.token_budget=null",
     "rollout.group_size=2",
+    "rollout.groups_per_step=1",
+    "rollout.pool=screened",
+    "rollout.screen_samples=1",
+    "rollout.screen_every=2",
     "steps=3",
     "sampled_token_budget=300",
     "eval.every=1",
@@ -73,39 +93,37 @@ QUICK = [
     "recipe.sft.eval_every=1",
     "recipe.sft.data.eval_fraction=0.3",
     "recipe.eval.scenarios=1",
+    "recipe.templates=[notes_count_tag,todo_count_open]",  # the curriculum: screens of 2 templates
 ]
 
 
-def grpo_config(sage: TrainConfig) -> TrainConfig:
-    """The GRPO baseline of SAGE.md section 6 from the same start: no library and no skill
-    instructions, K = 1, outcome reward; K times the groups per step (same task samples per step)."""
-    data = sage.model_dump(mode="json")
-    k = sage.rollout.chain_length
-    data["skills"] = {**data["skills"], "use_skills": False}
-    data["rollout"] = {
-        **data["rollout"],
-        "chain_length": 1,
-        "reward": "outcome",
-        "groups_per_step": k * sage.rollout.groups_per_step,
-    }
-    data["out_dir"] = str(Path(sage.out_dir).parent / "grpo")
-    return TrainConfig.model_validate(data)
-
-
-def run(cfg: TrainConfig, out: Path, until: str = "grpo", parallel: bool = False) -> dict[str, Any]:
-    """Every stage not done yet, up to the evaluation of model ``until`` (``sft``: no RL);
-    returns {model: {split: evaluation}}, RL summaries and times. ``parallel``: evaluations run
-    two at a time in two processes, each with ``policy.threads`` (1 unless set): on 2 cores this
-    beats one 2-thread process after another. Training stays one run at a time: each RL trainer
-    peaks near 12 GB at these sizes, and two side by side were OOM-killed on 24 GB (docs/LOG.md)."""
+def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False) -> dict[str, Any]:
+    """Every stage not done yet, up to the SFT models' evaluations (``until="sft"``) or all;
+    returns {"results": {model: {split: evaluation}}, "sft": {...}, "rl": {...}, "times": {...}}.
+    ``parallel``: evaluations run two at a time in two processes, each with ``policy.threads`` (1
+    unless set): on 2 cores this beats one 2-thread process after another. Training stays one run at
+    a time: each RL trainer peaks near 12 GB at these sizes, and two side by side were OOM-killed on
+    24 GB (docs/LOG.md)."""
+    cfg = with_curriculum(cfg)
     assert cfg.recipe is not None
     r, lay = cfg.recipe, Layout(out)
     out.mkdir(parents=True, exist_ok=True)
-    collect_cfg = collect_config(cfg, r, lay.expert)
-    sft_cfg = sft_config(cfg, r, lay.expert / f"{collect_cfg.name}.jsonl", lay.sft)
+    plain = without_library(cfg)
+    collect_lib = collect_config(cfg, r, lay.expert)
+    collect_inline = collect_config(plain, r, out / "expert_inline")  # the library-free expert
+    sft_lib = sft_config(cfg, r, lay.expert / f"{collect_lib.name}.jsonl", lay.sft)
+    sft_inline = sft_config(
+        plain, r, out / "expert_inline" / f"{collect_inline.name}.jsonl", out / "sft_inline"
+    )
     ev_cfg = _one_thread if parallel else (lambda c: c)
     sage_cfg = train_config(cfg, lay.sft / "final", lay.sage)
-    grpo_cfg = grpo_config(sage_cfg)
+    rl_cfgs = {
+        "sage": sage_cfg,
+        "grpo_lib": grpo_config(sage_cfg, lay.sft / "final", out / "grpo_lib", library=True),
+        "grpo_nolib": grpo_config(
+            without_library(sage_cfg), out / "sft_inline" / "final", out / "grpo_nolib", library=False
+        ),
+    }
     times: dict[str, float] = {}
 
     def timed(name: str, fn):
@@ -117,33 +135,52 @@ def run(cfg: TrainConfig, out: Path, until: str = "grpo", parallel: bool = False
 
     def evals(models: dict[str, tuple[TrainConfig, str | None]]) -> dict[str, Any]:
         """{model: {split: evaluation}} of ``{name: (run config, weights)}``, every split."""
-        jobs = [
-            (m, k, eval_config(ev_cfg(c), model, split, r.eval.scenarios, r.eval.concurrency, lay.eval(m, split)))
-            for m, (c, model) in models.items()
-            for k, split in SPLITS.items()
-        ]  # fmt: skip
+        jobs = []
+        for m, (c, model) in models.items():
+            for k, split in SPLITS.items():
+                ev = eval_config(
+                    ev_cfg(c), model, split, r.eval.scenarios, r.eval.concurrency, lay.eval(m, split)
+                )
+                if m == "base" and r.eval.base_token_budget is not None:  # it writes until its budget
+                    agent = ev.agent.model_copy(update={"token_budget": r.eval.base_token_budget})
+                    ev = ev.model_copy(update={"agent": agent})
+                jobs.append((m, k, ev))
         done = _side_by_side(evaluate, [j[2] for j in jobs]) if parallel else [evaluate(j[2]) for j in jobs]
-        out: dict[str, Any] = {}
-        for (m, k, _), ev in zip(jobs, done, strict=True):
-            out.setdefault(m, {})[k] = ev
-        return out
+        found: dict[str, Any] = {}
+        for (m, k, ev), result in zip(jobs, done, strict=True):
+            found.setdefault(m, {})[k] = result | {"per_task": per_task(Path(ev.out_dir))}
+        return found
 
     results = timed("eval base", lambda: evals({"base": (cfg, cfg.policy.model)}))
-    timed("collect", lambda: run_once(lay.expert / "summary.json", run_collect, collect_cfg))
-    sft = timed("sft", lambda: run_once(lay.sft / "result.json", run_sft, sft_cfg))
-    results |= timed("eval sft", lambda: evals({"sft": (cfg, str(lay.sft / "final"))}))
+    sft_done = {
+        "sft": (
+            timed("collect", lambda: run_once(lay.expert / "summary.json", run_collect, collect_lib)),
+            timed("sft", lambda: run_once(lay.sft / "result.json", run_sft, sft_lib)),
+        )
+    }
+    results |= timed(
+        "eval sft",
+        lambda: evals({"sft": (cfg, str(lay.sft / "final")), "sft_nolib": (plain, str(lay.sft / "final"))}),
+    )
+    sft_done["sft_inline"] = (
+        timed(
+            "collect inline",
+            lambda: run_once(out / "expert_inline" / "summary.json", run_collect, collect_inline),
+        ),
+        timed("sft inline", lambda: run_once(out / "sft_inline" / "result.json", run_sft, sft_inline)),
+    )
+    results |= timed(
+        "eval sft_inline", lambda: evals({"sft_inline": (plain, str(out / "sft_inline" / "final"))})
+    )
+    sft = {m: {"collect": c, "sft": s} for m, (c, s) in sft_done.items()}
     if until == "sft":
-        return {"results": results, "sft": sft, "rl": {}, "times": times}
-    rl = {
-        "sage": timed("sage", lambda: train_once(sage_cfg)),
-        "grpo": timed("grpo", lambda: train_once(grpo_cfg)),
-    }
-    trained = {
-        "sage": (sage_cfg, final_model(lay.sage)),
-        "grpo": (grpo_cfg, final_model(Path(grpo_cfg.out_dir))),
-    }
-    results |= timed("eval sage + grpo", lambda: evals(trained))
-    return {"results": results, "sft": sft, "rl": rl, "times": times}
+        return {"results": results, "sft": sft, "rl": {}, "times": times, "cfg": cfg}
+    rl = {name: timed(name, lambda c=c: train_once(c)) for name, c in rl_cfgs.items()}
+    final = {name: final_model(Path(c.out_dir)) for name, c in rl_cfgs.items()}
+    trained = {name: (c, final[name]) for name, c in rl_cfgs.items()}
+    trained["sage_nolib"] = (without_library(sage_cfg), final["sage"])
+    results |= timed("eval rl", lambda: evals(trained))
+    return {"results": results, "sft": sft, "rl": rl, "times": times, "cfg": cfg}
 
 
 def _one_thread(cfg: TrainConfig) -> TrainConfig:
@@ -163,91 +200,133 @@ def _side_by_side(fn, items: list) -> list:
 
 
 def table(done: dict[str, Any], cfg: TrainConfig, out: Path) -> dict[str, Any]:
-    """The results JSON: the paper's table per split, with intervals and paired differences."""
+    """The results JSON: the paper's table per split (every model, its intervals), the paired
+    differences of ``PAIRS``, the RL runs' budgets and the SFT runs' sizes."""
     res = done["results"]
+    models = [m for m in MODELS if m in res]
     row: dict[str, Any] = {}
     for key in SPLITS:
-        for model in (m for m in MODELS if m in res):
-            m = res[model][key]["metrics"]
+        for model in models:
+            ev = res[model][key]
+            m, task_units = ev["metrics"], units(ev)
             row[f"{key}_tgc_{model}"] = m["tgc"]
             row[f"{key}_tgc_{model}_ci"] = list(m["tgc_ci"])
             row[f"{key}_sgc_{model}"] = m["sgc"]
             row[f"{key}_sgc_{model}_ci"] = list(m["sgc_ci"])
-            row[f"{key}_steps_{model}"] = m["avg_steps"]
-            row[f"{key}_tokens_{model}"] = m["avg_tokens"]
-            row[f"{key}_skill_usage_{model}"] = m["usage_rate"]
-            row[f"{key}_success_when_used_{model}"] = m["success_when_used"]
+            for metric, avg in (("steps", "avg_steps"), ("tokens", "avg_tokens")):
+                row[f"{key}_{metric}_{model}"] = m[avg]
+                known = [u for u in task_units if u[metric] is not None]
+                values, clusters = [u[metric] for u in known], [u["scenario"] for u in known]
+                ci = bootstrap_ci(values, clusters=clusters) if known else None
+                row[f"{key}_{metric}_{model}_ci"] = list(ci) if ci else None
+            lib = model not in NO_LIBRARY  # no library: skill usage is n/a, not 0
+            row[f"{key}_skill_usage_{model}"] = m["usage_rate"] if lib else None
+            row[f"{key}_success_when_used_{model}"] = m["success_when_used"] if lib else None
             row[f"{key}_tasks"] = m["tasks"]
-        for a, b in (("base", "sft"), ("sft", "sage"), ("sft", "grpo"), ("grpo", "sage")):
-            if a not in res or b not in res:
-                continue
-            diff, ci = _paired(res[a][key], res[b][key])
-            row[f"{key}_tgc_{b}_minus_{a}"] = diff
-            row[f"{key}_tgc_{b}_minus_{a}_ci"] = list(ci)
-    rl = done["rl"]
+            row[f"{key}_scenarios"] = m["scenarios"]
+        for a, b in PAIRS:
+            if a in res and b in res:
+                row |= differences(key, a, b, res[a][key], res[b][key])
+    rl, sft = done["rl"], done["sft"]
     row |= {
         "sampled_token_budget": cfg.sampled_token_budget,
-        "sampled_tokens_sage": rl.get("sage", {}).get("sampled_tokens"),
-        "sampled_tokens_grpo": rl.get("grpo", {}).get("sampled_tokens"),
-        "rl_steps_sage": rl.get("sage", {}).get("steps"),
-        "rl_steps_grpo": rl.get("grpo", {}).get("steps"),
-        "models": [m for m in MODELS if m in res],
-        "sft": {k: done["sft"].get(k) for k in ("steps", "train_examples", "eval_loss_before", "eval_loss_after", "best_step", "wall_s")},
+        **{f"sampled_tokens_{n}": rl.get(n, {}).get("sampled_tokens") for n in RL_START},
+        **{f"rl_steps_{n}": rl.get(n, {}).get("steps") for n in RL_START},
+        "rl_start": dict(RL_START),
+        "rl": {"B": cfg.rollout.groups_per_step, "G": cfg.rollout.group_size, "K_sage": cfg.rollout.chain_length,
+               "pool": str(cfg.rollout.pool), "screen_every": cfg.rollout.screen_every,
+               "screen_samples": cfg.rollout.screen_samples, "lr": cfg.trainer.lr,
+               "warmup_steps": cfg.trainer.warmup_steps, "temperature": cfg.sampling.temperature},
+        "models": models,
+        "curves": {arm: [list(p) for p in points] for arm, points in curves(done, out).items()},
+        "no_library": sorted(m for m in models if m in NO_LIBRARY),
+        "sft": {m: _sft_summary(v) for m, v in sft.items()},
         "times_s": done["times"],
         "machine": {"cpus": os.cpu_count(), "load_at_end": list(os.getloadavg()), "python": platform.python_version()},
         "run_dir": str(out),
-        "protocol": "greedy, scenario-ordered; TGC/SGC intervals: 95% percentile bootstrap over scenarios "
-        "(2,000 resamples, seed 0; TGC resamples whole scenarios); paired differences resample the same scenarios",
+        "protocol": "greedy, scenario-ordered, every model on the same tasks; intervals: 95% percentile "
+        "bootstrap (2,000 resamples, seed 0) over whole scenarios (TGC, steps, tokens: cluster bootstrap "
+        "of the tasks' values; SGC: scenarios); differences are paired (the same scenarios drawn for both)",
     }  # fmt: skip
     return row
 
 
-def _paired(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, tuple[float, float]]:
-    return paired_outcomes(a["outcomes"], b["outcomes"]) or (0.0, (0.0, 0.0))
+def _sft_summary(v: dict[str, Any]) -> dict[str, Any]:
+    s, c = v["sft"], v["collect"]
+    keys = (
+        "steps",
+        "train_examples",
+        "trained_tokens_per_epoch",
+        "eval_loss_before",
+        "eval_loss_after",
+        "best_step",
+        "wall_s",
+    )
+    return {k: s.get(k) for k in keys} | {
+        "collected": {k: c.get(k) for k in ("examples", "scenarios") if k in c}
+    }
+
+
+def curves(done: dict[str, Any], out: Path) -> dict[str, list[tuple[int, float]]]:
+    """Each RL arm's greedy TGC curve on the first ``eval.scenarios`` scenarios of ``eval.split``
+    (``controls.curve``), from its own start model's measured TGC."""
+    cfg: TrainConfig = done["cfg"]
+    key = next((k for k, s in SPLITS.items() if s == cfg.eval.split), None)
+    res = done["results"]
+    return {
+        arm: curve(res[start][key], res[arm][key], _rows(out / arm / "metrics.jsonl"), cfg.eval.scenarios)
+        for arm, start in RL_START.items()
+        if arm in res and key is not None
+    }
 
 
 def plot(done: dict[str, Any], out: Path, path: Path) -> None:
-    """Reward by position and held-out TGC against sampled tokens (SAGE vs GRPO); TGC by model."""
+    """Reward by position and the held-out TGC curve against sampled tokens, per RL arm; TGC by
+    model on each split."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4))
-    sft_tgc = done["results"]["sft"]["heldout"]["metrics"]["tgc"]
-    models = [m for m in MODELS if m in done["results"]]
-    for name, style in ((m, s) for m, s in (("sage", "-"), ("grpo", "--")) if m in models):
-        rows = _rows(out / name / "metrics.jsonl")
-        steps = [r for r in rows if "reward" in r]
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
+    res = done["results"]
+    models = [m for m in MODELS if m in res]
+    styles = {"sage": "-", "grpo_lib": "--", "grpo_nolib": ":"}
+    for name, points in curves(done, out).items():
+        style = styles[name]
+        steps = [r for r in _rows(out / name / "metrics.jsonl") if "reward" in r]
         x = [r.get("sampled_tokens_total", 0) for r in steps]
-        for key in sorted({k for r in steps for k in r if k.startswith("reward/k")}):
-            ax1.plot(x, [r.get(key) for r in steps], style, marker="o", label=f"{name} {key.split('/')[1]}")
-        evals = [(r.get("sampled_tokens_total", 0), r["eval/tgc"]) for r in rows if "eval/tgc" in r]
-        final = done["results"][name]["heldout"]["metrics"]["tgc"]
-        if steps:
-            evals.append((x[-1], final))
-        ax2.plot(
-            [0, *(e[0] for e in evals)], [sft_tgc, *(e[1] for e in evals)], style, marker="o", label=name
-        )
-    ax1.set(title="Reward by chain position", xlabel="sampled tokens", ylabel="mean reward")
-    ax2.set(title="Held-out TGC while training", xlabel="sampled tokens", ylabel="TGC (%)", ylim=(0, 100))
-    if "sage" not in models:  # stopped after SFT (--until sft): its held-out loss by position instead
+        for k in sorted({k for r in steps for k in r if k.startswith("reward/k")}):
+            ax1.plot(x, [r.get(k) for r in steps], style, marker="o", label=f"{name} {k.split('/')[1]}")
+        ax2.plot([p[0] for p in points], [p[1] for p in points], style, marker="o",
+                 label=f"{name} (from {RL_START[name]})")  # fmt: skip
+    ax1.set(title="Reward by chain position (sampled)", xlabel="sampled tokens", ylabel="mean reward")
+    subset = done["cfg"].eval.scenarios
+    ax2.set(
+        title=f"Greedy TGC, first {subset} held-out scenarios",
+        xlabel="sampled tokens",
+        ylabel="TGC (%)",
+        ylim=(0, 100),
+    )
+    if not done["rl"]:  # stopped after SFT (--until sft): the SFT runs' held-out loss instead
         ax1.cla()
-        sft_rows = [r for r in _rows(out / "sft" / "metrics.jsonl") if "eval_loss" in r]
-        for key in sorted({k for r in sft_rows for k in r if k.startswith("eval_loss")}):
-            ax1.plot([r["step"] for r in sft_rows], [r.get(key) for r in sft_rows], marker="o", label=key)
+        for name in ("sft", "sft_inline"):
+            rows = [r for r in _rows(out / name / "metrics.jsonl") if "eval_loss" in r]
+            ax1.plot([r["step"] for r in rows], [r["eval_loss"] for r in rows], marker="o", label=name)
         ax1.set(title="SFT held-out loss", xlabel="optimizer step", ylabel="loss")
         ax2.text(0.5, 0.5, "RL stages not run", ha="center", va="center", transform=ax2.transAxes)
-    for j, (key, split) in enumerate(SPLITS.items()):
-        ms = [done["results"][m][key]["metrics"] for m in models]
-        xs = [i + 0.4 * j for i in range(len(models))]
+    width = 0.4
+    for j, key in enumerate(SPLITS):
+        ms = [res[m][key]["metrics"] for m in models]
+        xs = [i + width * j for i in range(len(models))]
         yerr = [[m["tgc"] - m["tgc_ci"][0] for m in ms], [m["tgc_ci"][1] - m["tgc"] for m in ms]]
-        ax3.bar(xs, [m["tgc"] for m in ms], 0.4, yerr=yerr, capsize=3, label=split)
-    ax3.set_xticks([i + 0.2 for i in range(len(models))], [m.upper() if m != "base" else m for m in models])
-    ax3.set(title="TGC by model (95% bootstrap)", ylabel="TGC (%)", ylim=(0, 100))
+        ax3.bar(xs, [m["tgc"] for m in ms], width, yerr=yerr, capsize=3, label=SPLITS[key])
+    ax3.set_xticks([i + width / 2 for i in range(len(models))], models, rotation=30, ha="right", fontsize=8)
+    ax3.set(title="TGC by model (95% scenario bootstrap)", ylabel="TGC (%)", ylim=(0, 100))
     for ax in (ax1, ax2, ax3):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -269,9 +348,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="toy size with the tiny random model (tests)")
     ap.add_argument(
         "--until",
-        choices=("sft", "grpo"),
-        default="grpo",
-        help="sft: stop after the SFT model's evaluations and report base and SFT only",
+        choices=("sft", "all"),
+        default="all",
+        help="sft: stop after the SFT models' evaluations and report base and the SFT models only",
     )
     ap.add_argument(
         "--parallel",
@@ -282,12 +361,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
     args = ap.parse_args(argv)
     out = Path(args.out)
+    results = Path(args.results or (out if args.quick else "docs/results"))
+    if args.quick and results.resolve() in {
+        (ROOT / "docs" / "results").resolve(),
+        (ROOT / "docs" / "results" / "gpu").resolve(),
+    }:
+        ap.error(f"--quick writes toy figures: not into {results}, which holds the measured ones")
     overrides = list(args.overrides)
     if args.quick:
         overrides = [*QUICK, f"policy.model={_tiny(out)}", *overrides]
     cfg = load_config(TrainConfig, args.config, overrides)
     done = run(cfg, out, args.until, args.parallel)
-    results = Path(args.results or (out if args.quick else "docs/results"))
     results.mkdir(parents=True, exist_ok=True)
     row = table(done, cfg, out)
     (results / "laptop_recipe.json").write_text(json.dumps(row, indent=1) + "\n")

@@ -109,7 +109,9 @@ def test_the_report_says_what_was_trained_on_what_and_where_the_full_comparison_
     from sage_rl.recipe.report import write_report
 
     cfg = with_curriculum(load_config(TrainConfig, ROOT / "configs/quickstart.yaml"))
-    heldout = PocketWorldSuite(templates=cfg.recipe.templates).split(HELDOUT_SPLIT)[: 3 * cfg.recipe.eval.scenarios]
+    heldout = PocketWorldSuite(templates=cfg.recipe.templates).split(HELDOUT_SPLIT)[
+        : 3 * cfg.recipe.eval.scenarios
+    ]
     state = {
         "eval_base": {"title": "evaluate the base model", "wall_s": 60, "result": {HELDOUT_SPLIT: _result(heldout, [False] * 12)}},
         "collect": {"title": "collect", "wall_s": 5, "result": {"examples": 119}},

@@ -1,5 +1,6 @@
 """benchmarks/gpu_recipe.py: the RL budget sized from the time left (hand-worked numbers), and the
-whole script at toy size on the CPU: RL run at equal budgets when it fits, skipped when it does not."""
+whole script at toy size on the CPU: the three RL arms run at equal budgets when they fit, skipped
+when they do not."""
 
 import importlib.util
 import json
@@ -30,20 +31,22 @@ def _sft_done(eval_s: float) -> dict:
         "heldout": {"metrics": {"avg_tokens": 400.0, "tasks": 90}},
         "dev": {"metrics": {"avg_tokens": 500.0, "tasks": 24}},
     }
-    return {"times": {"eval sft": eval_s}, "results": {"sft": metrics}}
+    # "eval sft" times the SFT model with and without its library (the format control)
+    return {"times": {"eval sft": eval_s}, "results": {"sft": metrics, "sft_nolib": metrics}}
 
 
 def test_rl_budget_by_hand(monkeypatch):
     monkeypatch.chdir(ROOT)
     bench = _bench()
-    cfg = load_config(TrainConfig, "configs/gpu_recipe.yaml", [])  # G = 8, B = 4, K = 2
-    # eval sft: 90 x 400 + 24 x 500 = 48,000 tokens in 100 s = 480 tok/s, 421.05 tokens a task;
-    # one step = 8 x 4 x 2 x 421.05 = 26,947 tokens.
-    # 600 s left: (600 - 3 x 100) / 2 = 150 s a run, x 0.5 x 480 = 36,000 tokens; less one step: 9,052.
+    cfg = load_config(TrainConfig, "configs/gpu_recipe.yaml", [])  # G = 8, B = 8, K = 2
+    # eval sft (two models): 2 x (90 x 400 + 24 x 500) = 96,000 tokens in 100 s = 960 tok/s,
+    # 421.05 tokens a task; one step = 8 x 8 x 2 x 421.05 = 53,894.7 tokens.
+    # 1,200 s left: (1200 - 3 x 100) / 3 arms = 300 s a run, x 0.5 x 960 = 144,000 tokens; less one
+    # step: 90,105.
+    budget, rule = bench.rl_budget(_sft_done(100.0), 1200.0, cfg)
+    assert budget == 90105 and rule.endswith("= 90105 tokens")
+    # 600 s left: 100 s a run, 48,000 tokens: less than one step, so no RL at all
     budget, rule = bench.rl_budget(_sft_done(100.0), 600.0, cfg)
-    assert budget == 9052 and rule.endswith("= 9052 tokens")
-    # 400 s left: 50 s a run, 12,000 tokens: less than one step, so no RL at all
-    budget, rule = bench.rl_budget(_sft_done(100.0), 400.0, cfg)
     assert budget is None and rule.endswith("RL not run")
     # no time left at all (the SFT evaluation alone overran): no RL either, not a negative budget
     assert bench.rl_budget(_sft_done(100.0), -50.0, cfg)[0] is None
@@ -57,12 +60,22 @@ def test_quick_gpu_recipe(tmp_path, monkeypatch, deadline):
     row = bench.main(["--quick", "--deadline-s", str(deadline), "--out", str(out), "--results", str(out)])
     assert json.loads((out / "laptop_recipe.json").read_text()) == json.loads(json.dumps(row))
     assert row["deadline_s"] == deadline and row["device"] == "cpu" and (out / "laptop_recipe.png").is_file()
-    if deadline == 0.0:  # the deadline passed during SFT's evaluation: base and SFT only
-        assert row["models"] == ["base", "sft"] and row["budget_rule"].endswith("RL not run")
+    if deadline == 0.0:  # the deadline passed during SFT's evaluation: base and the SFT models only
+        assert row["models"] == ["base", "sft", "sft_nolib", "sft_inline"]
+        assert row["budget_rule"].endswith("RL not run")
         assert row["sampled_token_budget"] is None and not (out / "sage").exists()
         return
-    assert row["models"] == ["base", "sft", "sage", "grpo"]
+    assert row["models"] == [
+        "base",
+        "sft",
+        "sft_nolib",
+        "sft_inline",
+        "grpo_nolib",
+        "grpo_lib",
+        "sage",
+        "sage_nolib",
+    ]
     budget = row["sampled_token_budget"]
     assert row["budget_rule"].endswith(f"= {budget} tokens") and budget > 0
-    assert row["sampled_tokens_sage"] >= budget or row["rl_steps_sage"] == 3  # the toy step cap
-    assert row["sampled_tokens_grpo"] >= budget or row["rl_steps_grpo"] == 3
+    for arm in ("sage", "grpo_lib", "grpo_nolib"):
+        assert row[f"sampled_tokens_{arm}"] >= budget or row[f"rl_steps_{arm}"] == 3  # the toy step cap

@@ -1,13 +1,19 @@
-"""benchmarks/laptop_recipe.py --quick: every stage at toy size with the tiny model, the results JSON
-with the issue's keys, the learning-curve PNG, equal sampled-token budgets, and resuming."""
+"""benchmarks/laptop_recipe.py --quick: SFT, SAGE and the paper's controls at toy size with the tiny
+model (issue 27): every arm's config is what it claims, the results JSON has the issue's keys, the
+RL arms stop at equal sampled tokens, each learning curve starts from its own start model, and a
+stopped run resumes without redoing a stage."""
 
 import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
+from sage_rl.recipe.controls import MODELS, NO_LIBRARY, RL_START
+
 ROOT = Path(__file__).resolve().parents[1]
+METRICS = ("tgc", "sgc", "steps", "tokens")
 
 
 def _bench():
@@ -17,36 +23,85 @@ def _bench():
     return mod
 
 
+def _cfg(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
 def test_quick_laptop_recipe(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # the config's `extends` and default paths are relative to the repository
-    bench = _bench()
-    # stopped after SFT: base and SFT reported, no RL run yet; the full run below resumes from it
-    part = bench.main(["--quick", "--out", str(tmp_path / "lr"), "--until", "sft"])
-    assert part["models"] == ["base", "sft"] and "heldout_tgc_sft_minus_base" in part
+    bench, out = _bench(), tmp_path / "lr"
+    # stopped after the SFT models: base, sft (with and without its library) and sft_inline
+    part = bench.main(["--quick", "--out", str(out), "--until", "sft"])
+    assert part["models"] == ["base", "sft", "sft_nolib", "sft_inline"]
+    assert "heldout_tgc_sft_minus_base" in part and "heldout_tgc_sft_minus_sft_nolib" in part
     assert "heldout_tgc_sage" not in part and part["sampled_tokens_sage"] is None
-    assert not (tmp_path / "lr" / "sage").exists()
-    row = bench.main(["--quick", "--out", str(tmp_path / "lr")])
-    saved = json.loads((tmp_path / "lr" / "laptop_recipe.json").read_text())
-    assert saved == json.loads(json.dumps(row))
+    assert not (out / "sage").exists() and not (out / "grpo_nolib").exists()
+    row = bench.main(["--quick", "--out", str(out)])
+    assert json.loads((out / "laptop_recipe.json").read_text()) == json.loads(json.dumps(row))
+    assert row["models"] == list(MODELS)
+
+    # every key the issue asks for, on both splits
     for split in ("heldout", "dev"):
-        for metric in ("tgc", "sgc", "steps", "tokens"):
-            for model in ("base", "sft", "sage", "grpo"):
-                assert f"{split}_{metric}_{model}" in row, (split, metric, model)
-        lo, hi = row[f"{split}_tgc_sft_ci"]
-        assert 0.0 <= lo <= row[f"{split}_tgc_sft"] <= hi <= 100.0
-    assert row["heldout_tasks"] == 3 and row["dev_tasks"] == 3  # one scenario of each at toy size
-    # equal sampled tokens: both runs stop at the first step that reaches the same budget
+        assert row[f"{split}_tasks"] == 3  # one scenario of each at toy size
+        for model in MODELS:
+            for metric in METRICS:
+                assert row[f"{split}_{metric}_{model}"] is not None, (split, metric, model)
+                lo, hi = row[f"{split}_{metric}_{model}_ci"]
+                assert lo <= row[f"{split}_{metric}_{model}"] <= hi, (split, metric, model)
+            usage = row[f"{split}_skill_usage_{model}"]
+            assert (usage is None) == (model in NO_LIBRARY), model  # n/a without a library, not 0
+        for other in ("sft", "grpo_nolib", "grpo_lib", "sage_nolib"):
+            for metric in METRICS:
+                key = f"{split}_{metric}_sage_minus_{other}"
+                assert row[key] is not None and len(row[f"{key}_ci"]) == 2, key
+
+    # the arms are what they claim
+    lib, inline = _cfg(out / "expert" / "config.yaml"), _cfg(out / "expert_inline" / "config.yaml")
+    assert lib["skills"]["use_skills"] and not inline["skills"]["use_skills"]
+    assert inline["num_scenarios"] == lib["num_scenarios"] and inline["seed"] == lib["seed"]
+    data = [json.loads(x) for x in (out / "expert_inline" / "sage_expert.jsonl").read_text().splitlines()]
+    assert data and not any("def " in json.dumps(d) for d in data)  # the library-free expert
+    assert _cfg(out / "sft_inline" / "config.yaml")["optim"] == _cfg(out / "sft" / "config.yaml")["optim"]
+    arms = {name: _cfg(out / name / "config.yaml") for name in RL_START}
+    for name, c in arms.items():
+        assert c["init_from"] == str(out / RL_START[name] / "final"), name
+        assert c["sampled_token_budget"] == row["sampled_token_budget"]
+        assert c["rollout"]["group_size"] == arms["sage"]["rollout"]["group_size"]
+        assert c["trainer"] == arms["sage"]["trainer"]
+    sage, k = arms["sage"]["rollout"], arms["sage"]["rollout"]["chain_length"]
+    assert k == 2 and sage["reward"] == "skill_integrated" and arms["sage"]["skills"]["use_skills"]
+    for name, uses in (("grpo_lib", True), ("grpo_nolib", False)):
+        r = arms[name]["rollout"]
+        assert r["chain_length"] == 1 and r["reward"] == "outcome", name
+        assert r["groups_per_step"] == k * sage["groups_per_step"], name  # the same task samples a step
+        assert arms[name]["skills"]["use_skills"] is uses, name
+    evals = {m: _cfg(out / "eval" / f"{m}_train_heldout" / "config.yaml") for m in MODELS}
+    for m, c in evals.items():
+        assert c["skills"]["use_skills"] is (m not in NO_LIBRARY), m
+        assert c["sampling"]["temperature"] == 0.0, m
+    assert (
+        evals["sft_nolib"]["policy"]["model"] == evals["sft"]["policy"]["model"] == str(out / "sft" / "final")
+    )
+    assert evals["sage_nolib"]["policy"]["model"] == evals["sage"]["policy"]["model"]
+    assert evals["sage"]["policy"]["model"].startswith(str(out / "sage" / "checkpoints"))
+
+    # equal sampled tokens: each arm stops at the first step that reaches the same budget
     budget = row["sampled_token_budget"]
-    assert row["sampled_tokens_sage"] >= budget and row["sampled_tokens_grpo"] >= budget
-    for name in ("sage", "grpo"):
-        rows = [json.loads(x) for x in (tmp_path / "lr" / name / "metrics.jsonl").read_text().splitlines()]
+    for name in RL_START:
+        rows = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
         totals = [r["sampled_tokens_total"] for r in rows if "sampled_tokens_total" in r]
-        assert totals[-1] == row[f"sampled_tokens_{name}"] and all(t < budget for t in totals[:-1])
-    grpo_cfg = (tmp_path / "lr" / "grpo" / "config.yaml").read_text()
-    assert "use_skills: false" in grpo_cfg and "chain_length: 1" in grpo_cfg and "reward: outcome" in grpo_cfg
-    assert (tmp_path / "lr" / "laptop_recipe.png").stat().st_size > 10_000
+        assert totals[-1] == row[f"sampled_tokens_{name}"] >= budget and all(t < budget for t in totals[:-1])
+        assert (out / name / "screens.jsonl").is_file() and "pool/size" in rows[0]  # the screened pool
+        # the curve starts from this arm's own start model on the loop's scenarios, never another's
+        start = json.loads((out / "eval" / f"{RL_START[name]}_train_heldout" / "outcomes.json").read_text())
+        first = start["outcomes"][0][1]
+        ok = [100.0 * s for _, sc, s in start["outcomes"] if sc == first]
+        assert row["curves"][name][0] == [0, sum(ok) / len(ok)]
+        assert row["curves"][name][-1][0] == totals[-1]
+    assert (out / "laptop_recipe.png").stat().st_size > 10_000
+
     # a rerun finds every stage done (nothing is trained or evaluated again) and reports the same
-    again = bench.main(["--quick", "--out", str(tmp_path / "lr")])
+    again = bench.main(["--quick", "--out", str(out)])
     volatile = ("machine", "times_s")
     assert {k: v for k, v in again.items() if k not in volatile} == {
         k: v for k, v in row.items() if k not in volatile
@@ -54,26 +109,23 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
     assert all(t < 5 for t in again["times_s"].values())
 
 
-def test_quick_laptop_recipe_side_by_side(tmp_path, monkeypatch):
-    """--parallel: evaluations run two at a time in processes with one torch thread each, while
-    SAGE and GRPO still train one after another with all threads (two RL trainers side by side do
-    not fit 24 GB); the results have the same shape and equal-budget stops."""
+def test_quick_never_writes_the_measured_results(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    bench = _bench()
-    row = bench.main(["--quick", "--parallel", "--out", str(tmp_path / "lr")])
-    assert row["models"] == ["base", "sft", "sage", "grpo"]
-    assert {"sage", "grpo", "eval sage + grpo"} <= set(row["times_s"])
-    budget = row["sampled_token_budget"]
-    assert row["sampled_tokens_sage"] >= budget and row["sampled_tokens_grpo"] >= budget
-    for name in ("sage", "grpo"):
-        assert _threads(tmp_path / "lr" / name / "config.yaml") is None  # all cores
+    with pytest.raises(SystemExit):
+        _bench().main(["--quick", "--out", str(tmp_path / "lr"), "--results", "docs/results"])
+    assert not (tmp_path / "lr").exists()
+
+
+def test_quick_laptop_recipe_side_by_side(tmp_path, monkeypatch):
+    """--parallel: evaluations run two at a time in processes with one torch thread each; the
+    results have the same shape."""
+    monkeypatch.chdir(ROOT)
+    row = _bench().main(["--quick", "--parallel", "--out", str(tmp_path / "lr"), "--until", "sft"])
+    assert row["models"] == ["base", "sft", "sft_nolib", "sft_inline"]
+    assert {"eval base", "eval sft", "eval sft_inline"} <= set(row["times_s"])
+    for name in row["models"]:
         for split in ("train_heldout", "dev"):
             folder = tmp_path / "lr" / "eval" / f"{name}_{split}"
             assert (folder / "outcomes.json").is_file()
-            assert _threads(folder / "config.yaml") == 1
-    assert row["heldout_tasks"] == 3 and 0.0 <= row["heldout_tgc_grpo"] <= 100.0
-
-
-def _threads(config_yaml: Path) -> int | None:
-    """``policy.threads`` of a written run config."""
-    return yaml.safe_load(config_yaml.read_text())["policy"]["threads"]
+            assert _cfg(folder / "config.yaml")["policy"]["threads"] == 1
+    assert row["heldout_tasks"] == 3 and 0.0 <= row["heldout_tgc_sft_inline"] <= 100.0

@@ -74,7 +74,9 @@ class TemplatePolicy:
         self.calls[name] += 1
         n, s = self.calls[name], SUCCESS[name]
         done = int(n * s) > int((n - 1) * s)
-        return Completion("```python\ncomplete()\n```" if done else "```python\nx = 1\n```", completion_tokens=5)
+        return Completion(
+            "```python\ncomplete()\n```" if done else "```python\nx = 1\n```", completion_tokens=5
+        )
 
     def weights_changed(self):
         pass
@@ -157,7 +159,9 @@ def test_the_training_loop_rescreens_and_counts_screen_tokens(tmp_path, monkeypa
     rollout = RolloutConfig(
         chain_length=1, group_size=2, groups_per_step=2, pool="screened", screen_every=2, screen_samples=4
     )
-    cfg = LoopConfig(rollout=rollout, eval=TrainEvalConfig(before_after=False), steps=3, out_dir=str(tmp_path))
+    cfg = LoopConfig(
+        rollout=rollout, eval=TrainEvalConfig(before_after=False), steps=3, out_dir=str(tmp_path)
+    )
     logger = MetricsLogger(tmp_path, tensorboard=False)
     result = asyncio.run(loop_module.train(_runner(), _NoTrainer(), logger, cfg, 0, 0, sync=lambda: None))
     logger.close()
@@ -166,7 +170,11 @@ def test_the_training_loop_rescreens_and_counts_screen_tokens(tmp_path, monkeypa
     screen_tokens = 4 * 4 * 5  # 4 templates x 4 samples x one 5-token task
     assert [r.get("pool/screen_tokens", 0) for r in rows] == [screen_tokens, 0, screen_tokens]
     rollout_tokens = 2 * 2 * 5  # B x G one-task chains of 5 tokens
-    assert [r["sampled_tokens"] for r in rows] == [rollout_tokens + screen_tokens, rollout_tokens, rollout_tokens + screen_tokens]
+    assert [r["sampled_tokens"] for r in rows] == [
+        rollout_tokens + screen_tokens,
+        rollout_tokens,
+        rollout_tokens + screen_tokens,
+    ]
     assert result.sampled_tokens == rows[-1]["sampled_tokens_total"] == 3 * rollout_tokens + 2 * screen_tokens
     assert all(r["pool/size"] == 2 for r in rows)
     for step in (1, 2, 3):

@@ -96,7 +96,13 @@ def check_suite(suite: Any) -> None:
 
 
 async def screen(
-    runner: ChainRunner, rng: random.Random, chain_length: int, samples: int, split: str, step: int, concurrency: int
+    runner: ChainRunner,
+    rng: random.Random,
+    chain_length: int,
+    samples: int,
+    split: str,
+    step: int,
+    concurrency: int,
 ) -> Screen:
     """Screen every train template of ``runner.suite`` (see the module docstring)."""
     check_suite(runner.suite)

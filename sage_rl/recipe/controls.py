@@ -1,0 +1,158 @@
+"""The paper's controls for the laptop experiment (issue 27; SAGE.md sections 6-8; docs/recipe.md).
+
+Each comparison the experiment reports means one thing because each arm differs from another in
+one respect:
+
+- ``sft``: the skill-library SFT model, evaluated with its library (the recipe's SFT stage).
+- ``sft_nolib``: the same weights evaluated with ``skills.use_skills=false`` (no library section,
+  no skill instructions): the format control. ``sft - sft_nolib`` is what the prompt alone does.
+- ``sft_inline``: the baseline's own SFT model, trained the same way on the library-free scripted
+  expert's trajectories (``ScriptedExpert(inline=True)``, chosen by ``skills.use_skills=false``)
+  of the same scenarios, evaluated without a library.
+- ``grpo_nolib``: the paper's GRPO baseline: ``sft_inline``, then GRPO with no library, K = 1,
+  outcome reward.
+- ``grpo_lib``: the ablation: the ``sft`` start, the same prompt and library format as SAGE, K = 1,
+  outcome reward. ``sage - grpo_lib`` isolates SAGE's two additions (sequential rollout, skill
+  reward).
+- ``sage``: the ``sft`` start, K = 2, skill-integrated reward.
+- ``sage_nolib``: the final SAGE model evaluated without its library: the skill-value figure.
+
+An evaluation here is the recipe's (``recipe.pipeline.evaluate``: metrics and outcome rows
+``[task_id, scenario_id, success]``) with ``per_task``: ``{task_id: [steps, generated tokens]}``.
+Every RL arm takes K x B groups of K tasks' worth (the GRPO arms run K x B groups of one task,
+SAGE B groups of K), the same G, trainer, seed and ``sampled_token_budget``. Functions here are
+pure: configs in, configs out; evaluations in, figures out.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sage_rl.eval.ci import paired_difference, paired_outcomes
+from sage_rl.settings import RunConfig, TrainConfig
+from sage_rl.types import Chain
+
+#: Every model the experiment evaluates, in table order.
+MODELS = ("base", "sft", "sft_nolib", "sft_inline", "grpo_nolib", "grpo_lib", "sage", "sage_nolib")
+#: The RL arms, and the SFT model each starts from.
+RL_START = {"sage": "sft", "grpo_lib": "sft", "grpo_nolib": "sft_inline"}
+#: Models evaluated without a library: their skill usage is n/a.
+NO_LIBRARY = frozenset({"sft_nolib", "sft_inline", "grpo_nolib", "sage_nolib"})
+
+C = TypeVar("C", bound=RunConfig)
+
+
+def without_library(cfg: C) -> C:
+    """``cfg`` with ``skills.use_skills=false``: no library in the prompt, no skill instructions,
+    nothing saved; the scripted expert solves inline (docs/collect.md)."""
+    data = cfg.model_dump(mode="json")
+    data["skills"] = {**data["skills"], "use_skills": False}
+    return type(cfg).model_validate(data)
+
+
+def grpo_config(sage: TrainConfig, init_from: Path, folder: Path, library: bool) -> TrainConfig:
+    """A GRPO arm of SAGE's run ``sage``: from ``init_from``, K = 1, outcome reward, K x B groups
+    (the same task samples per step), with or without the library; everything else as SAGE's."""
+    data = sage.model_dump(mode="json")
+    k = sage.rollout.chain_length
+    data["skills"] = {**data["skills"], "use_skills": library}
+    data["rollout"] = {
+        **data["rollout"],
+        "chain_length": 1,
+        "reward": "outcome",
+        "groups_per_step": k * sage.rollout.groups_per_step,
+    }
+    data |= {"init_from": str(init_from), "out_dir": str(folder)}
+    return TrainConfig.model_validate(data)
+
+
+#: Paired differences reported (first minus second), each on TGC, SGC, steps and tokens.
+PAIRS = (
+    ("sft", "base"),
+    ("sage", "sft"),
+    ("sage", "grpo_nolib"),
+    ("sage", "grpo_lib"),
+    ("sft", "sft_nolib"),  # the format control: what the library prompt alone does
+    ("sage", "sage_nolib"),  # the skill value
+    ("grpo_nolib", "sft_inline"),  # what RL did for the baseline
+    ("grpo_lib", "sft"),  # what K = 1 outcome-reward RL did from the same start
+)
+
+
+def per_task(folder: Path) -> dict[str, list[float]]:
+    """{task_id: [steps, generated tokens]} of an evaluation folder's trajectories (the metrics'
+    ``avg_steps`` and ``avg_tokens`` per task), for intervals and paired differences."""
+    out: dict[str, list[float]] = {}
+    for path in sorted(folder.glob("trajectories*.jsonl"))[:1]:  # one strategy: the headline
+        for line in path.read_text().splitlines():
+            if line.strip():
+                for t in Chain.from_dict(json.loads(line)).trajectories:
+                    out[t.task.task_id] = [len(t.turns), t.num_generated_tokens]
+    return out
+
+
+def units(ev: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per task of an evaluation: scenario, success, steps, tokens (steps/tokens None when its
+    trajectories are gone)."""
+    per = ev.get("per_task", {})
+    return [
+        {"task": t, "scenario": s, "success": 100.0 * ok, "steps": per.get(t, [None])[0], "tokens": per.get(t, [None, None])[1]}
+        for t, s, ok, *_ in ev["outcomes"]
+    ]  # fmt: skip
+
+
+def differences(key: str, a: str, b: str, ea: dict[str, Any], eb: dict[str, Any]) -> dict[str, Any]:
+    """``<key>_<metric>_<a>_minus_<b>`` and its ``_ci`` for TGC, SGC, steps and tokens, paired:
+    TGC with ``paired_outcomes`` (scenarios resampled), SGC over the scenarios both ran (a
+    scenario counts 100 when all its tasks succeeded), steps and tokens over the tasks both ran
+    (scenarios resampled). None where the two share nothing to compare."""
+    name = f"{key}_{{}}_{a}_minus_{b}"
+    out = _named(name.format("tgc"), paired_outcomes(eb["outcomes"], ea["outcomes"]))
+    ua, ub = ({u["task"]: u for u in units(e)} for e in (ea, eb))
+    common = [t for t in ub if t in ua]
+    scen = list(dict.fromkeys(ub[t]["scenario"] for t in common))
+
+    def solved(u: dict[str, dict[str, Any]], s: str) -> float:
+        return 100.0 * all(u[t]["success"] for t in common if u[t]["scenario"] == s)
+
+    sgc = paired_difference([solved(ub, s) for s in scen], [solved(ua, s) for s in scen]) if scen else None
+    out |= _named(name.format("sgc"), sgc)
+    for metric in ("steps", "tokens"):
+        both = [t for t in common if ua[t][metric] is not None and ub[t][metric] is not None]
+        before, after = [ub[t][metric] for t in both], [ua[t][metric] for t in both]
+        d = paired_difference(before, after, clusters=[ub[t]["scenario"] for t in both]) if both else None
+        out |= _named(name.format(metric), d)
+    return out
+
+
+def _named(name: str, d: tuple[float, tuple[float, float]] | None) -> dict[str, Any]:
+    return {name: d[0] if d else None, f"{name}_ci": list(d[1]) if d else None}
+
+
+def first_scenarios(ev: dict[str, Any], n: int | None) -> set[str]:
+    """The first ``n`` scenarios an evaluation lists (split order: what ``eval.scenarios`` takes)."""
+    return set(list(dict.fromkeys(s for _, s, *_ in ev["outcomes"]))[:n])
+
+
+def tgc_on(ev: dict[str, Any], scenarios: set[str]) -> float:
+    ok = [100.0 * row[2] for row in ev["outcomes"] if row[1] in scenarios]
+    return sum(ok) / max(1, len(ok))
+
+
+def curve(
+    start: dict[str, Any], final: dict[str, Any], rows: list[dict[str, Any]], n: int | None
+) -> list[tuple[int, float]]:
+    """An RL arm's greedy TGC on the first ``n`` scenarios against sampled tokens: its start
+    model's TGC on those scenarios at 0 (from the start model's full evaluation ``start``: the arm's
+    own start, never another model's), the loop's ``eval/tgc`` rows (``rows``: the run's
+    metrics.jsonl; the loop evaluates the same first ``n`` scenarios), and the final model's TGC on
+    them (from ``final``) at the run's last sampled-token total."""
+    subset = first_scenarios(start, n)
+    steps = [r for r in rows if "sampled_tokens_total" in r]
+    points = [(0, tgc_on(start, subset))]
+    points += [(r["sampled_tokens_total"], r["eval/tgc"]) for r in steps if "eval/tgc" in r]
+    if steps:
+        points.append((steps[-1]["sampled_tokens_total"], tgc_on(final, subset)))
+    return points

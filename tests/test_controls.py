@@ -1,0 +1,103 @@
+"""The laptop experiment's controls (issue 27, sage_rl/recipe/controls.py): each arm's config differs
+from SAGE's in what it claims and nothing else; paired differences and learning curves computed
+from evaluations by hand."""
+
+from pathlib import Path
+
+import pytest
+
+from sage_rl.config import load_config
+from sage_rl.recipe.controls import curve, differences, grpo_config, units, without_library
+from sage_rl.recipe.pipeline import train_config
+from sage_rl.settings import EvalRunConfig, TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _sage(tmp_path) -> TrainConfig:
+    cfg = load_config(TrainConfig, ROOT / "configs/laptop_recipe.yaml", ["pocketworld.sandbox=false"])
+    return train_config(cfg, tmp_path / "sft" / "final", tmp_path / "sage")
+
+
+def _without(data: dict, *paths: str) -> dict:
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for path in paths:
+        section, _, key = path.partition(".")
+        if key:
+            data[section].pop(key)
+        else:
+            data.pop(section)
+    return data
+
+
+def test_the_laptop_config_asks_for_the_issues_sizes(tmp_path):
+    sage = _sage(tmp_path)
+    r = sage.rollout
+    assert r.groups_per_step >= 8 and r.group_size >= 4 and r.chain_length == 2
+    assert r.reward == "skill_integrated" and r.pool == "screened" and sage.trainer.warmup_steps > 0
+    assert sage.eval.every > 0 and sage.eval.split == "train_heldout" and sage.eval.scenarios
+    assert sage.recipe is None and sage.init_from == str(tmp_path / "sft" / "final")
+    gpu = load_config(TrainConfig, ROOT / "configs/gpu_recipe.yaml", [])
+    assert gpu.rollout.groups_per_step >= 8 and gpu.rollout.group_size >= 8
+
+
+def test_without_library_changes_only_the_library_switch(tmp_path):
+    sage = _sage(tmp_path)
+    plain = without_library(sage)
+    assert sage.skills.use_skills and not plain.skills.use_skills
+    a, b = sage.model_dump(mode="json"), plain.model_dump(mode="json")
+    assert _without(a, "skills.use_skills") == _without(b, "skills.use_skills")
+    ev = load_config(EvalRunConfig, None, [])
+    assert type(without_library(ev)) is EvalRunConfig and not without_library(ev).skills.use_skills
+
+
+@pytest.mark.parametrize("library", [True, False], ids=["grpo_lib", "grpo_nolib"])
+def test_a_grpo_arm_is_k1_outcome_reward_with_the_same_task_samples(tmp_path, library):
+    sage = _sage(tmp_path)
+    start = tmp_path / ("sft" if library else "sft_inline") / "final"
+    arm = grpo_config(sage if library else without_library(sage), start, tmp_path / "arm", library)
+    r = arm.rollout
+    assert r.chain_length == 1 and r.reward == "outcome" and arm.skills.use_skills is library
+    assert r.groups_per_step * r.chain_length == sage.rollout.groups_per_step * sage.rollout.chain_length
+    assert arm.init_from == str(start) and arm.out_dir == str(tmp_path / "arm")
+    changed = ("rollout.chain_length", "rollout.reward", "rollout.groups_per_step", "skills.use_skills")
+    a = _without(sage.model_dump(mode="json"), *changed, "init_from", "out_dir")
+    b = _without(arm.model_dump(mode="json"), *changed, "init_from", "out_dir")
+    assert a == b  # G, trainer, seed, budget, pool, evaluation: all SAGE's
+
+
+def _ev(rows, per_task=None) -> dict:
+    """An evaluation: outcome rows (task, scenario, success) and per-task [steps, tokens]."""
+    return {"outcomes": [list(r) for r in rows], "per_task": per_task or {}}
+
+
+def test_paired_differences_by_hand():
+    # two scenarios of two tasks; b solves s1 fully, a solves s1 and s2's first task
+    rows_a = [("s1_1", "s1", True), ("s1_2", "s1", True), ("s2_1", "s2", True), ("s2_2", "s2", False)]
+    rows_b = [("s1_1", "s1", True), ("s1_2", "s1", True), ("s2_1", "s2", False), ("s2_2", "s2", False)]
+    per_a = {"s1_1": [1, 100], "s1_2": [1, 100], "s2_1": [2, 200], "s2_2": [3, 300]}
+    per_b = {"s1_1": [2, 150], "s1_2": [2, 150], "s2_1": [2, 200], "s2_2": [3, 300]}
+    d = differences("heldout", "x", "y", _ev(rows_a, per_a), _ev(rows_b, per_b))
+    assert d["heldout_tgc_x_minus_y"] == pytest.approx(25.0)  # 75% - 50%
+    assert d["heldout_sgc_x_minus_y"] == pytest.approx(0.0)  # s1 solved by both, s2 by neither
+    assert d["heldout_steps_x_minus_y"] == pytest.approx(-0.5)  # (1+1+2+3 - (2+2+2+3)) / 4
+    assert d["heldout_tokens_x_minus_y"] == pytest.approx(-25.0)
+    lo, hi = d["heldout_tgc_x_minus_y_ci"]
+    assert 0.0 <= lo <= 25.0 <= hi <= 50.0  # resampling scenarios: s1 adds 0, s2 adds 50
+    # no per-task figures (trajectories gone): steps and tokens are None, not 0
+    d = differences("heldout", "x", "y", _ev(rows_a), _ev(rows_b))
+    assert d["heldout_steps_x_minus_y"] is None and d["heldout_tokens_x_minus_y_ci"] is None
+    assert [u["steps"] for u in units(_ev(rows_a, per_a))] == [1, 1, 2, 3]
+
+
+def test_a_curve_starts_from_its_own_start_on_the_loops_scenarios():
+    start = _ev([("s1_1", "s1", True), ("s1_2", "s1", False), ("s2_1", "s2", False), ("s2_2", "s2", False)])
+    final = _ev([("s1_1", "s1", True), ("s1_2", "s1", True), ("s2_1", "s2", True), ("s2_2", "s2", True)])
+    rows = [
+        {"step": 1, "sampled_tokens_total": 100},
+        {"step": 2, "sampled_tokens_total": 220, "eval/tgc": 100.0},
+        {"step": 3, "sampled_tokens_total": 300},
+    ]
+    # the loop evaluates the first scenario: the start's TGC there is 50, the final model's 100
+    assert curve(start, final, rows, 1) == [(0, 50.0), (220, 100.0), (300, 100.0)]
+    assert curve(start, final, [], None) == [(0, 25.0)]  # not trained yet: the start alone
