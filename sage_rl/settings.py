@@ -217,6 +217,15 @@ class TrainConfig(RunConfig, LoopConfig):
         return self
 
     @model_validator(mode="after")
+    def _pool_has_templates(self) -> TrainConfig:
+        if self.rollout.pool == "screened" and self.env != "pocketworld":
+            raise ValueError(
+                f"rollout.pool=screened screens PocketWorld's train templates; {self.env} has none to "
+                "screen (use rollout.pool=all)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _groups_compare(self) -> TrainConfig:
         if self.rollout.group_size < 2:
             raise ValueError(

@@ -185,3 +185,15 @@ def test_the_training_loop_rescreens_and_counts_screen_tokens(tmp_path, monkeypa
 
 def test_the_default_pool_is_every_template():
     assert RolloutConfig().pool == "all"
+
+
+def test_a_pool_without_templates_is_refused_at_load():
+    from sage_rl.config import ConfigError, load_config
+    from sage_rl.integrations.verl.config import VerlRunConfig
+    from sage_rl.settings import TrainConfig
+
+    assert load_config(TrainConfig, None, ["rollout.pool=screened"]).rollout.pool == "screened"
+    with pytest.raises(ConfigError, match="appworld has none to screen"):
+        load_config(TrainConfig, None, ["env=appworld", "rollout.pool=screened"])
+    with pytest.raises(ConfigError, match="verl draws its own batches"):
+        load_config(VerlRunConfig, None, ["rollout.pool=screened"])

@@ -117,6 +117,15 @@ class VerlRunConfig(Section):
         """``{a: {b: 1}}`` (YAML nesting, or a ``verl.a.b=1`` override) -> ``{"a.b": 1}``."""
         return flatten(value) if isinstance(value, dict) else value
 
+    @field_validator("rollout")
+    @classmethod
+    def _local_pool_only(cls, value: RolloutConfig) -> RolloutConfig:
+        if value.pool != "all":
+            raise ValueError(
+                "rollout.pool=screened is the local trainer's (sage-rl train); verl draws its own batches"
+            )
+        return value
+
     def sage_section(self) -> dict[str, Any]:
         """What travels inside verl's config as ``sage:`` to the agent-loop workers and the trainer."""
         return self.model_dump(mode="json", exclude={"verl"})
