@@ -177,10 +177,11 @@ def test_abandoned_rows_leave_and_give_their_pages_back(tiny):
     assert engine.store.free_pages == engine.store.pages - 1
 
 
-def test_a_decode_step_reads_nothing_back_to_the_host(tiny, monkeypatch):
+@pytest.mark.parametrize("attention", ["gather", "flex"])
+def test_a_decode_step_reads_nothing_back_to_the_host(tiny, monkeypatch, attention):
     """By structure, on a CPU: every way a tensor reaches Python fails inside the step."""
     model = tiny[0]
-    engine = PagedEngine(model, stop_ids=[], max_batch=4, options=_options())
+    engine = PagedEngine(model, stop_ids=[], max_batch=4, options=_options(attention))
     reqs = _requests(3, list(range(3000, 3020)))
     with torch.inference_mode():
         engine.admit(reqs)

@@ -235,7 +235,7 @@ class PagedEngine:
         bucket, pages, filtered = self._key
         need = max(r.length for r in self._batch) // P + 1
         if self.runner.attention == "gather" and need > pages:  # a row entered a new page
-            pages = min(_pow2(need), self.runner.max_pages)
+            pages = min(_pages_bucket(need), self.runner.max_pages)
             self._key = (bucket, pages, filtered)
         B, flip = len(self._batch), self._flip
         u = self._u[flip]
@@ -289,7 +289,8 @@ class PagedEngine:
         self.buf.top_p[:bucket] = t[:, 6].float()
         self.buf.table[:bucket] = t[:, _COLS:].int()
         self.runner.set_page_of(B, bucket)
-        pages = min(_pow2(max(r.length for r in rows) // self.store.page_size + 1), self.runner.max_pages)
+        need = max(r.length for r in rows) // self.store.page_size + 1
+        pages = min(_pages_bucket(need), self.runner.max_pages)
         filtered = any(self._filters(r.request.params) for r in rows)
         self._key = (bucket, pages if self.runner.attention == "gather" else 0, filtered)
         self._batch = rows
@@ -329,11 +330,10 @@ class PagedEngine:
         return done
 
 
-def _pow2(n: int) -> int:
-    p = 1
-    while p < n:
-        p *= 2
-    return p
+def _pages_bucket(n: int) -> int:
+    """Pages the gather attention reads a row: ``n`` rounded up to a multiple of 4 (at most 3
+    pages read in vain, and a graph for every 4 pages of context)."""
+    return n if n <= 4 else -(-n // 4) * 4
 
 
 def _host(shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> torch.Tensor:
