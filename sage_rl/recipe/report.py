@@ -8,6 +8,7 @@ stages' own ``metrics.jsonl``.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -121,8 +122,10 @@ def scope_text(cfg: Any) -> str:
 def headline(cfg: Any, state: Mapping[str, Any]) -> str:
     """The one sentence of what was trained, on what, and what the figures mean."""
     model = cfg.policy.model or "SmolLM2-135M-Instruct (the embedded model)"
-    examples = (state.get("collect", {}).get("result") or {}).get("examples", "the")
-    sft_steps = (state.get("sft", {}).get("result") or {}).get("steps", "?")
+    sft = state.get("sft", {}).get("result") or {}
+    collected = (state.get("collect", {}).get("result") or {}).get("examples", "the")
+    examples = sft.get("train_examples", collected)  # the held-out fraction is not trained on
+    sft_steps = sft.get("steps", "?")
     sage_steps = (state.get("sage", {}).get("result") or {}).get("steps", cfg.steps)
     first = next((state[k]["result"] for k, _ in EVALS if k in state), {})
     held = ", ".join(f"{v['metrics']['tasks']} {s} tasks" for s, v in first.items())
@@ -146,14 +149,18 @@ def _splits_text(results: Mapping[str, Any]) -> str:
     return "; ".join(SPLIT_TEXT.get(s, f"`{s}`") for s in results) or "held out"
 
 
+def _budget(tokens: int | None) -> str:
+    return "no limit of" if tokens is None else f"{tokens:,}"
+
+
 def protocol(cfg: Any) -> list[str]:
     """The settings a reader needs to read the figures: scope, budgets, threads, the full experiment."""
     budget = cfg.recipe.eval.base_token_budget
     base = (
         f"the base model's evaluation is capped at {budget} generated tokens per task (it does not "
-        f"follow the format and writes until any budget ends; the other models get {cfg.agent.token_budget})"
+        f"follow the format and writes until any budget ends; the other models get {_budget(cfg.agent.token_budget)})"
         if budget is not None and budget != cfg.agent.token_budget
-        else f"every model gets {cfg.agent.token_budget} generated tokens per task"
+        else f"every model gets {_budget(cfg.agent.token_budget)} generated tokens per task"
     )
     threads = cfg.policy.threads or "torch's default (one per core)"
     return [
@@ -178,7 +185,9 @@ def write_report(root: Path, cfg: Any, state: Mapping[str, Any]) -> dict[str, An
         "",
         headline(cfg, state),
         "",
-        f"Expert collection -> SFT -> SAGE on {cfg.env}, {total / 60:.1f} min of stages.",
+        f"Expert collection -> SFT -> SAGE on {cfg.env}, {total / 60:.1f} min of stages on "
+        f"{os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f} when this report was written: "
+        "other work on the machine stretches every stage's time).",
         "",
         *protocol(cfg),
         "",
