@@ -3,10 +3,14 @@ each stage's time and the report's held-out figures, as one JSON line and a Mark
 
     .venv/bin/python benchmarks/main_job.py                       # a fresh run in a temporary out_dir
     .venv/bin/python benchmarks/main_job.py --out runs/mj         # ... in runs/mj (must be unused)
+    .venv/bin/python benchmarks/main_job.py --isa avx2            # ... with AVX2 kernels only
     .venv/bin/python benchmarks/main_job.py --read runs/quickstart --time-log t.txt   # read a finished run
 
-The command is ``/usr/bin/time -v .venv/bin/sage-rl train out_dir=<out>`` (configs/quickstart.yaml
-as committed; extra ``key=value`` arguments are passed on). Peak RSS is GNU time's "Maximum resident
+The command is ``/usr/bin/time -v .venv/bin/sage-rl recipe out_dir=<out>``: what ``sage-rl train``
+without arguments runs (the recipe of configs/quickstart.yaml as committed; ``sage-rl train`` with
+any argument trains one model instead, so the out_dir goes to ``recipe``); extra ``key=value``
+arguments are passed on. ``--isa avx2`` runs torch's, oneDNN's and MKL's AVX2 kernels on any x86
+CPU (the AVX2-only figure the issue asks for, measured on an AVX-512 machine). Peak RSS is GNU time's "Maximum resident
 set size" (the largest single process: the recipe runs its stages in one process; its sandbox
 workers are separate, smaller processes); without /usr/bin/time it falls back to
 ``resource.getrusage(RUSAGE_CHILDREN)``, the same figure for the largest waited-for child. Wall
@@ -29,6 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_info, reexec_for_isa  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SAGE_RL = ROOT / ".venv" / "bin" / "sage-rl"
 
@@ -39,6 +46,10 @@ def parse_time_v(text: str) -> dict[str, float]:
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
     if rss:
         out["peak_rss_bytes"] = int(rss.group(1)) * 1024
+    for key, field in (("user_s", "User time"), ("system_s", "System time")):
+        cpu = re.search(field + r" \(seconds\): ([\d.]+)", text)
+        if cpu:
+            out[key] = float(cpu.group(1))
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)
     if wall:
         secs = 0.0
@@ -77,7 +88,7 @@ def figures(out: Path) -> dict[str, object]:
 
 def measure(out: Path, overrides: list[str]) -> tuple[dict[str, float], str]:
     """Run the main job into ``out``; returns (GNU time's figures, its raw report)."""
-    cmd = [str(SAGE_RL), "train", f"out_dir={out}", *overrides]
+    cmd = [str(SAGE_RL), "recipe", f"out_dir={out}", *overrides]  # = `sage-rl train` without arguments
     gnu = shutil.which("time") or ("/usr/bin/time" if Path("/usr/bin/time").exists() else None)
     if gnu:
         with tempfile.NamedTemporaryFile("r", suffix=".time") as log:
@@ -100,6 +111,8 @@ def table(row: dict[str, object]) -> str:
         lines.append(f"| wall (GNU time) | {row['wall_s']:.0f} s ({float(row['wall_s']) / 60:.1f} min) |")
     if "peak_rss_bytes" in row:
         lines.append(f"| peak RSS | {float(row['peak_rss_bytes']) / 1e9:.2f} GB |")
+    if "user_s" in row:
+        lines.append(f"| CPU (all processes) | user {row['user_s']:.0f} s + system {row.get('system_s', 0):.0f} s |")
     for stage, secs in dict(row["stages_s"]).items():  # type: ignore[arg-type]
         lines.append(f"| stage {stage} | {secs} s |")
     for key, v in row.items():
@@ -116,9 +129,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="run folder (default: a new temporary one)")
     ap.add_argument("--read", type=Path, help="only read the figures of this finished run")
     ap.add_argument("--time-log", type=Path, help="with --read: GNU time -v output of that run")
-    ap.add_argument("overrides", nargs="*", help="key=value overrides passed to sage-rl train")
+    ap.add_argument("--isa", choices=["avx2"], help="run torch, oneDNN and MKL with these kernels")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides passed to sage-rl recipe")
     a = ap.parse_args()
-    row: dict[str, object] = {"cpu": cpu_flags(), "cores": os.cpu_count(), "load_before": os.getloadavg()}
+    reexec_for_isa(a.isa)  # the variables reach the recipe's process through the environment
+    row: dict[str, object] = {
+        "cpu": cpu_flags(),
+        "cpu_model": cpu_info()["model"],
+        "kernels": a.isa or "native",
+        "cores": os.cpu_count(),
+        "load_before": os.getloadavg(),
+    }
     if a.read:
         out = a.read
         if a.time_log:

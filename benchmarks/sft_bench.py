@@ -13,7 +13,13 @@ Modes, called round-robin so that a change of the machine's load hits each alike
 - ``packing``: first-fit packing into rows of ``--max-length`` tokens (``packing: true,
   shared_prefix: false``);
 - ``shared``: packing with each row's shared opening kept once (``packing: true``, the default
-  ``shared_prefix: true``).
+  ``shared_prefix: true``), attention by segment (``optim.attention: segments``, the default:
+  ``train/segments.py``);
+- ``shared_dense``: the same rows through the row's dense ``T x T`` mask (``optim.attention:
+  dense``, what every mode did before issue 32): ``ratio_shared_vs_shared_dense`` is the segment
+  attention's gain.
+
+``padding`` and ``packing`` run with segment attention too (one example, or several without a head).
 
 tokens/s = the examples' own tokens (what padding would train on, without pad) / seconds per step,
 median over the timed steps; ``row_tokens`` = token positions the model actually ran per step.
@@ -38,10 +44,15 @@ from sage_rl.train.optim import build_optimizer, optimizer_step
 from sage_rl.train.sft import forward_loss_sum
 from sage_rl.train.sft_data import Encoded, collate, encode_example, fit_length, make_rows
 
-MODES = {"padding": (False, False), "packing": (True, False), "shared": (True, True)}
+MODES = {
+    "padding": (False, False, "segments"),
+    "packing": (True, False, "segments"),
+    "shared": (True, True, "segments"),
+    "shared_dense": (True, True, "dense"),
+}
 
 
-def step_fn(model: Any, rows: list[list[Encoded]], share: bool, pad_id: int) -> Any:
+def step_fn(model: Any, rows: list[list[Encoded]], share: bool, pad_id: int, attention: str) -> Any:
     opt = build_optimizer(model, 1e-6)
     batches = [collate([row], pad_id, share) for row in rows]
     n_trained = sum(b.num_trained for b in batches)
@@ -49,7 +60,7 @@ def step_fn(model: Any, rows: list[list[Encoded]], share: bool, pad_id: int) -> 
     def step() -> None:
         model.train()
         for b in batches:
-            (forward_loss_sum(model, b) / n_trained).backward()
+            (forward_loss_sum(model, b, attention) / n_trained).backward()
         optimizer_step(opt, 1.0, 1e-6)
 
     return step, sum(int(b.input_ids_BT.numel()) for b in batches)
@@ -78,9 +89,9 @@ def main() -> None:
     tokens = sum(len(e.ids) for e in encoded)
     fns, out = {}, {}
     for mode in a.modes:
-        packing, share = MODES[mode]
+        packing, share, attention = MODES[mode]
         rows = make_rows(encoded, packing, a.max_length, share)
-        fns[mode], row_tokens = step_fn(copy.deepcopy(model), rows, share, pad_id)
+        fns[mode], row_tokens = step_fn(copy.deepcopy(model), rows, share, pad_id, attention)
         out[mode] = {"rows": len(rows), "row_tokens": row_tokens}
     load0 = os.getloadavg()[0]
     for _ in range(a.warmup):
@@ -108,7 +119,7 @@ def main() -> None:
         "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)],
         **out,
     }
-    for base in ("packing", "padding"):
+    for base in ("packing", "padding", "shared_dense"):
         if base in fns and "shared" in fns:
             result[f"ratio_shared_vs_{base}"] = out["shared"]["tokens_per_s"] / out[base]["tokens_per_s"]
             result[f"ratio_cpu_shared_vs_{base}"] = (

@@ -95,3 +95,27 @@ def test_auto_dtype_is_float32_where_bfloat16_is_emulated(tiny, monkeypatch):
     assert bf16_native({"amx_bf16", "avx512_bf16"}, "AVX512", "AVX512_CORE_AMX")
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert resolve_dtype("auto", tiny[0]) is None  # the model's own float32, on any CPU
+
+
+def test_pick_threads_averages_the_probe_and_falls_back_to_every_core(monkeypatch):
+    """SFT's `threads: null`: one choice at its start, from the average of several probes."""
+    monkeypatch.setattr(threads_mod, "usable_cores", lambda: 4)
+    samples = iter([2.0, 3.0, 1.0, 2.0])  # mean 2.0 other threads: 2 of 4 cores left
+    assert threads_mod.pick_threads(samples=4, interval_s=0.0, probe=lambda: next(samples)) == 2
+    assert threads_mod.pick_threads(samples=3, interval_s=0.0, probe=lambda: 9.0) == 1  # never 0
+    assert threads_mod.pick_threads(samples=3, interval_s=0.0, probe=lambda: None) == 4  # no /proc
+    assert threads_mod.pick_threads(samples=2, interval_s=0.0, probe=lambda: 0.2) == 4  # idle noise
+
+
+def test_run_sft_restores_the_process_thread_count(monkeypatch, tmp_path):
+    """run_sft picks its own threads (null: the free cores) and gives the process's count back even
+    when training fails, so the recipe's next stage is not left on SFT's choice."""
+    from sage_rl.runs import sft as run_mod
+    from sage_rl.train.sft_config import SFTConfig
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(threads_mod, "pick_threads", lambda: 1)
+    cfg = SFTConfig.model_validate({"data": {"path": str(tmp_path / "missing.jsonl")}, "optim": {"device": "cpu"}})
+    with pytest.raises((OSError, ValueError)):
+        run_mod.run_sft(cfg, show_progress=False)
+    assert torch.get_num_threads() == before

@@ -24,7 +24,7 @@ TIME_V = """\tCommand being timed: ".venv/bin/sage-rl train"
 
 def test_wall_time_and_peak_rss_come_from_gnu_time():
     got = _bench().parse_time_v(TIME_V)
-    assert got == {"wall_s": 3723.5, "peak_rss_bytes": 5859372 * 1024}
+    assert got == {"wall_s": 3723.5, "peak_rss_bytes": 5859372 * 1024, "user_s": 1500.25}
     assert _bench().parse_time_v("\tElapsed (wall clock) time (h:mm:ss or m:ss): 23:51.57\n") == {
         "wall_s": 1431.6
     }
@@ -49,3 +49,25 @@ def test_the_stages_and_the_held_out_figures_come_from_the_run(tmp_path):
         "avg_tokens": 310,
     }
     assert row["train_heldout_base"]["tgc"] == 0.0 and "train_heldout_sage" not in row
+
+
+def test_it_runs_what_sage_rl_train_without_arguments_runs(tmp_path, monkeypatch):
+    """`sage-rl train out_dir=X` trains one model (an argument was given); the main job is the recipe,
+    so the out_dir goes to `sage-rl recipe` (the bug: the script ran `train out_dir=...`)."""
+    bench = _bench()
+    seen = []
+
+    class Done:
+        returncode = 0
+
+    def fake_run(cmd, cwd):
+        seen.append(cmd)
+        if "-o" in cmd:
+            Path(cmd[cmd.index("-o") + 1]).write_text(TIME_V)
+        return Done()
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    figures, _ = bench.measure(tmp_path / "run", ["recipe.sft.optim.max_steps=2"])
+    cmd = seen[0][seen[0].index(str(bench.SAGE_RL)) :]
+    assert cmd == [str(bench.SAGE_RL), "recipe", f"out_dir={tmp_path / 'run'}", "recipe.sft.optim.max_steps=2"]
+    assert figures["wall_s"] == 3723.5

@@ -59,6 +59,25 @@ def test_best_weights_keep_the_lowest_loss_and_stop_on_patience():
     assert not any(BestWeights(None).update(layer, s, 1.0 + s) for s in range(10))  # no patience: never stops
 
 
+def test_spilled_best_weights_live_in_a_file_not_in_memory(tmp_path):
+    """With a spill path the best copy is a safetensors file (SFT's 0.5 GB of resident memory on
+    the main job), restored exactly and removed by discard()."""
+    layer = torch.nn.Linear(3, 2)
+    spill = tmp_path / "sft" / ".best.safetensors"
+    best = BestWeights(None, spill=spill)
+    assert not best.restore(layer)
+    for step, loss in enumerate([2.0, 1.0, 1.5], start=1):
+        with torch.no_grad():
+            layer.weight.fill_(float(step) + 0.25)
+            layer.bias.fill_(-float(step))
+        best.update(layer, step, loss)
+    assert best._state is None and spill.is_file() and best.best_step == 2
+    assert best.restore(layer)
+    assert torch.all(layer.weight == 2.25) and torch.all(layer.bias == -2.0)
+    best.discard()
+    assert not spill.exists() and not best.restore(layer)
+
+
 def _examples() -> list[ChatExample]:
     out = []
     for i in range(8):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import math
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -67,6 +68,22 @@ def auto_threads(others: float, cores: int, ceiling: int) -> int:
     and ``ceiling``."""
     free = cores - max(0, math.ceil(others - SPARE))
     return max(1, min(ceiling, free))
+
+
+def pick_threads(
+    samples: int = 10, interval_s: float = 0.05, probe: Callable[[], float | None] = others_running
+) -> int:
+    """A thread count for one long job (SFT) started now: the cores other processes leave free,
+    averaged over ``samples`` probes ``interval_s`` apart; all usable cores where /proc is unreadable."""
+    seen = []
+    for i in range(samples):
+        value = probe()
+        if value is not None:
+            seen.append(value)
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    cores = usable_cores()
+    return auto_threads(sum(seen) / len(seen), cores, cores) if seen else cores
 
 
 class ThreadPolicy:

@@ -12,14 +12,24 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> dict:
 
     from sage_rl.agent.render import ChatRenderer
     from sage_rl.data.records import read_jsonl
+    from sage_rl.engine.threads import pick_threads
     from sage_rl.models import load_model
+    from sage_rl.runs.console import err
     from sage_rl.train.sft import train_sft
 
+    before = torch.get_num_threads()
+    on_cpu = cfg.optim.device == "cpu" or (cfg.optim.device == "auto" and not torch.cuda.is_available())
     if cfg.optim.threads:
         torch.set_num_threads(cfg.optim.threads)
-    examples = read_jsonl(cfg.data.path)[: cfg.data.limit]
-    model, tokenizer = load_model(cfg.model, device=cfg.optim.device)
-    _, result = train_sft(
-        model, tokenizer, examples, cfg, ChatRenderer(tokenizer).conversation, show_progress
-    )
+    elif on_cpu:  # null: the cores other processes leave free now (engine/threads.py)
+        torch.set_num_threads(pick_threads())
+        err.print(f"sft: {torch.get_num_threads()} torch threads (optim.threads=null: the free cores)")
+    try:
+        examples = read_jsonl(cfg.data.path)[: cfg.data.limit]
+        model, tokenizer = load_model(cfg.model, device=cfg.optim.device)
+        _, result = train_sft(
+            model, tokenizer, examples, cfg, ChatRenderer(tokenizer).conversation, show_progress
+        )
+    finally:  # the stages after it (the recipe's) choose their own
+        torch.set_num_threads(before)
     return result.to_dict()

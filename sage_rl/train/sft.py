@@ -40,6 +40,7 @@ from sage_rl.train.checkpoint import save_model
 from sage_rl.train.logging import MetricsLogger
 from sage_rl.train.lora import with_lora
 from sage_rl.train.optim import build_optimizer, optimizer_step, warmup_lr
+from sage_rl.train.segments import layouts, segmented
 from sage_rl.train.sft_config import SFTConfig, SFTLora
 from sage_rl.train.sft_data import (
     Batch,
@@ -159,17 +160,24 @@ def num_steps(n_rows: int, cfg: SFTConfig) -> int:
     return min(steps, cfg.optim.max_steps) if cfg.optim.max_steps else steps
 
 
-def forward_loss_sum(model: Any, batch: Batch) -> torch.Tensor:
+def forward_loss_sum(model: Any, batch: Batch, attention: str = "segments") -> torch.Tensor:
     """Sum of the trained tokens' NLL. Only the logits that predict a trained token are computed
-    (``logits_to_keep``): with a 49k vocabulary they dominate memory otherwise."""
+    (``logits_to_keep``): with a 49k vocabulary they dominate memory otherwise. ``attention``:
+    "segments" attends by the row's examples (``train/segments.py``, the same numbers, a fraction
+    of the work), "dense" through the row's full mask."""
     batch = batch.to(next(model.parameters()).device)
     keep_K = batch.loss_positions_K
-    out = model(
-        input_ids=batch.input_ids_BT,
-        attention_mask=batch.attn_B1TT,
-        position_ids=batch.position_ids_BT,
-        logits_to_keep=keep_K,
-    )
+    inputs = {
+        "input_ids": batch.input_ids_BT,
+        "attention_mask": batch.attn_B1TT,
+        "position_ids": batch.position_ids_BT,
+        "logits_to_keep": keep_K,
+    }
+    if attention == "dense":
+        out = model(**inputs)
+    else:
+        with segmented(model):
+            out = model(**inputs, sage_segments=layouts(batch.segment_BT))
     return nll_sum(out.logits, batch.labels_BT[:, keep_K + 1])
 
 
@@ -184,7 +192,7 @@ def eval_loss(model: Any, encoded: Sequence[Encoded], cfg: SFTConfig, pad_id: in
     total, tokens = 0.0, 0
     for i in range(0, len(rows), cfg.optim.batch_size):
         batch = collate(rows[i : i + cfg.optim.batch_size], pad_id, sharing(cfg))
-        total += float(forward_loss_sum(model, batch))
+        total += float(forward_loss_sum(model, batch, cfg.optim.attention))
         tokens += batch.num_trained
     model.train(was_training)
     return total / max(tokens, 1)
@@ -259,7 +267,7 @@ def train_sft(
     if evals[0]:
         log.log(0, evals[0])
     stream = micro_batches(rows_of, cfg, pad_id)
-    best = BestWeights(cfg.optim.patience)
+    best = BestWeights(cfg.optim.patience, spill=out_dir / ".best.safetensors")  # not 0.5 GB of RSS
     model.train()
     losses: list[float] = []
     step, stop = 0, False
@@ -286,6 +294,7 @@ def train_sft(
     chosen = step
     if cfg.output.keep == "best" and best.best_step not in (None, step) and best.restore(model):
         chosen = best.best_step
+    best.discard()
     log.close()
     model, ckpt = save_checkpoint(model, tokenizer, out_dir, cfg.lora)
     picked = epoch_selection(data.train_positions, cfg.data.position_weights, 0, cfg.optim.seed)
@@ -307,7 +316,7 @@ def sft_step(
     n_tokens = max(1, sum(b.num_trained for _, b in window))
     total = 0.0
     for _, batch in window:
-        loss = forward_loss_sum(model, batch) / n_tokens
+        loss = forward_loss_sum(model, batch, cfg.optim.attention) / n_tokens
         loss.backward()
         total += loss.item()
     grad_norm = optimizer_step(opt, cfg.optim.grad_clip, lr)

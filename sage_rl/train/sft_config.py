@@ -54,8 +54,15 @@ class SFTOptim(Section):
         description="with packing: the opening that a row's examples share (the system prompt) is "
         "kept once per row, so more examples fit and fewer tokens run (exact)",
     )
+    attention: Literal["segments", "dense"] = Field(
+        "segments",
+        description="segments: each packed example attends to its shared head and itself, computed "
+        "per example (train/segments.py); dense: the row's full T x T mask (the same numbers, slower)",
+    )
     seed: int = 0
-    threads: int | None = Field(None, gt=0, description="torch CPU threads (None = torch's default)")
+    threads: int | None = Field(
+        None, gt=0, description="torch CPU threads (None = the cores other processes leave free at the start)"
+    )
     device: str = Field(
         "auto",
         pattern=r"^(auto|cpu|cuda(:\d+)?)$",

@@ -168,6 +168,7 @@ class Batch:
     labels_BT: torch.Tensor  # token t's label; IGNORE where it carries no loss
     position_ids_BT: torch.Tensor
     attn_B1TT: torch.Tensor
+    segment_BT: torch.Tensor  # each token's example in its row; -2 the shared head, -1 padding
 
     def to(self, device: torch.device) -> Batch:
         """The same batch on ``device``."""
@@ -212,7 +213,7 @@ def collate(rows: Sequence[Sequence[Encoded]], pad_id: int, share: bool = False)
     # Padding attends to itself only, so no row of the mask is empty (softmax stays finite).
     allowed = (causal & same & (segment[:, :, None] != -1)) | torch.eye(T, dtype=torch.bool)
     attn = torch.zeros((B, 1, T, T)).masked_fill_(~allowed[:, None], torch.finfo(torch.float32).min)
-    return Batch(ids, labels, pos, attn)
+    return Batch(ids, labels, pos, attn, segment)
 
 
 def make_rows(

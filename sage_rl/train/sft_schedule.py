@@ -14,9 +14,11 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
 
 def epoch_selection(
@@ -75,23 +77,37 @@ def eval_by_position(
 
 class BestWeights:
     """Keeps a copy of the trainable parameters at the lowest held-out loss seen; says when
-    ``patience`` evaluations in a row brought no improvement (``None`` = never stop early)."""
+    ``patience`` evaluations in a row brought no improvement (``None`` = never stop early).
 
-    def __init__(self, patience: int | None) -> None:
+    With ``spill`` (a file path) the copy is written there (safetensors) instead of held in memory:
+    a full copy of SmolLM2's fp32 weights is 0.54 GB of resident memory for the whole SFT (issue 32);
+    ``discard()`` removes the file."""
+
+    def __init__(self, patience: int | None, spill: Path | None = None) -> None:
         self.patience = patience
+        self.spill = spill
         self.best_loss = math.inf
         self.best_step: int | None = None
         self.bad_evals = 0
         self._state: dict[str, torch.Tensor] | None = None
+        self._kept = False
 
     def update(self, model: torch.nn.Module, step: int, loss: float) -> bool:
         """Record the loss at ``step``; keep the weights if it is the best so far. Returns True
         when training should stop (patience exhausted)."""
         if loss < self.best_loss:
             self.best_loss, self.best_step, self.bad_evals = loss, step, 0
-            self._state = {
+            state = {
                 n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad
             }
+            if self.spill is None:
+                self._state = state
+            else:
+                self.spill.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.spill.with_name(self.spill.name + ".tmp")
+                save_file({n: t.contiguous() for n, t in state.items()}, str(tmp))
+                tmp.replace(self.spill)
+            self._kept = True
             return False
         self.bad_evals += 1
         return self.patience is not None and self.bad_evals >= self.patience
@@ -99,9 +115,17 @@ class BestWeights:
     @torch.no_grad()
     def restore(self, model: torch.nn.Module) -> bool:
         """Put the best weights back into ``model``; False when none were kept."""
-        if self._state is None:
+        if not self._kept:
             return False
+        state = self._state if self.spill is None else load_file(str(self.spill))
+        assert state is not None
         params = dict(model.named_parameters())
-        for name, value in self._state.items():
+        for name, value in state.items():
             params[name].copy_(value.to(params[name].device))
         return True
+
+    def discard(self) -> None:
+        """Drop the kept copy (and its file)."""
+        self._state, self._kept = None, False
+        if self.spill is not None:
+            self.spill.unlink(missing_ok=True)
