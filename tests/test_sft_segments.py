@@ -60,3 +60,34 @@ def test_segment_attention_needs_its_layouts():
     q = torch.zeros(1, 2, 4, 8)
     with pytest.raises(ValueError, match="layouts"):
         segment_attention(None, q, q, q, None)
+
+
+def test_chunked_loss_gives_the_full_logits_sum_and_gradients():
+    """chunked_nll_sum (logits recomputed per chunk in the backward pass) = nll_sum over all the
+    logits at once: the sum, and the gradients of the head and of the hidden states."""
+    from sage_rl.train.sft_data import IGNORE, chunked_nll_sum, nll_sum
+
+    g = torch.Generator().manual_seed(1)
+    head = torch.nn.Linear(6, 11, bias=True)
+    hidden = torch.randn(2, 7, 6, generator=g, requires_grad=True)
+    targets = torch.randint(0, 11, (2, 7), generator=g)
+    targets[0, 2] = targets[1, 6] = IGNORE
+    full = nll_sum(head(hidden), targets)
+    grads_full = torch.autograd.grad(full, [head.weight, head.bias, hidden])
+    chunked = chunked_nll_sum(hidden, head, targets, chunk=3)  # chunks of 3, 3 and 1 positions
+    grads_chunked = torch.autograd.grad(chunked, [head.weight, head.bias, hidden])
+    assert chunked.item() == pytest.approx(full.item(), rel=1e-6)
+    for a, b in zip(grads_full, grads_chunked, strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    with torch.no_grad():
+        assert chunked_nll_sum(hidden, head, targets, chunk=2).item() == pytest.approx(full.item(), rel=1e-6)
+
+
+def test_a_capped_head_keeps_the_models_own_logits(tiny, monkeypatch):
+    """Where the model post-processes its logits (softcapping), the loss comes from its own forward."""
+    from sage_rl.train import sft as sft_mod
+
+    model = tiny[0]
+    assert isinstance(sft_mod.plain_head(model), torch.nn.Linear)
+    monkeypatch.setattr(model.config, "final_logit_softcapping", 30.0, raising=False)
+    assert sft_mod.plain_head(model) is None

@@ -15,6 +15,7 @@ step, the metrics logger and the model's export are the GRPO trainer's own (``tr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -46,6 +47,7 @@ from sage_rl.train.sft_data import (
     Batch,
     Conversation,
     Encoded,
+    chunked_nll_sum,
     collate,
     encode_example,
     fit_length,
@@ -161,24 +163,37 @@ def num_steps(n_rows: int, cfg: SFTConfig) -> int:
 
 
 def forward_loss_sum(model: Any, batch: Batch, attention: str = "segments") -> torch.Tensor:
-    """Sum of the trained tokens' NLL. Only the logits that predict a trained token are computed
-    (``logits_to_keep``): with a 49k vocabulary they dominate memory otherwise. ``attention``:
-    "segments" attends by the row's examples (``train/segments.py``, the same numbers, a fraction
-    of the work), "dense" through the row's full mask."""
+    """Sum of the trained tokens' NLL. Only the logits that predict a trained token are computed,
+    ``LOSS_CHUNK`` positions at a time (``chunked_nll_sum``; ``logits_to_keep`` where the model's
+    head is not a plain linear layer): with a 49k vocabulary they dominate memory otherwise.
+    ``attention``: "segments" attends by the row's examples (``train/segments.py``, the same
+    numbers, a fraction of the work), "dense" through the row's full mask."""
     batch = batch.to(next(model.parameters()).device)
     keep_K = batch.loss_positions_K
+    targets_BK = batch.labels_BT[:, keep_K + 1]
     inputs = {
         "input_ids": batch.input_ids_BT,
         "attention_mask": batch.attn_B1TT,
         "position_ids": batch.position_ids_BT,
-        "logits_to_keep": keep_K,
     }
-    if attention == "dense":
-        out = model(**inputs)
-    else:
-        with segmented(model):
-            out = model(**inputs, sage_segments=layouts(batch.segment_BT))
-    return nll_sum(out.logits, batch.labels_BT[:, keep_K + 1])
+    if attention != "dense":
+        inputs["sage_segments"] = layouts(batch.segment_BT)
+    with segmented(model) if attention != "dense" else contextlib.nullcontext():
+        head = plain_head(model)
+        if head is None:
+            return nll_sum(model(**inputs, logits_to_keep=keep_K).logits, targets_BK)
+        hidden_BTD = model.get_decoder()(**inputs).last_hidden_state
+    return chunked_nll_sum(hidden_BTD[:, keep_K], head, targets_BK)
+
+
+def plain_head(model: Any) -> torch.nn.Linear | None:
+    """The model's output layer when its logits are just ``head(last hidden state)`` (Llama,
+    Qwen2, Mistral); None where the model scales or caps them (its own forward then computes them)."""
+    cfg = model.config
+    if any(getattr(cfg, k, None) for k in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
+        return None
+    head = model.get_output_embeddings()
+    return head if type(head) is torch.nn.Linear and hasattr(model, "get_decoder") else None
 
 
 @torch.no_grad()

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 
 from sage_rl.data.records import ChatExample, DatasetError
 from sage_rl.train.prefix import shareable_len
@@ -231,6 +232,35 @@ def nll_sum(logits_BKV: torch.Tensor, targets_BK: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(
         logits_BKV.reshape(-1, V).float(), targets_BK.reshape(-1), ignore_index=IGNORE, reduction="sum"
     )
+
+
+#: positions whose logits exist at once in ``chunked_nll_sum``: 256 x 49k fp32 logits = 50 MB, where
+#: a 1,000-token row's at once (with their log-softmax and gradient) held ~0.6 GB (issue 32)
+LOSS_CHUNK = 256
+
+
+def _chunk_nll(
+    weight: torch.Tensor, bias: torch.Tensor | None, h: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    return nll_sum(torch.nn.functional.linear(h, weight, bias), y)
+
+
+def chunked_nll_sum(
+    hidden_BKD: torch.Tensor, head: torch.nn.Linear, targets_BK: torch.Tensor, chunk: int = LOSS_CHUNK
+) -> torch.Tensor:
+    """``nll_sum(head(hidden), targets)`` computed ``chunk`` positions at a time, each chunk's
+    logits recomputed in the backward pass instead of kept (activation checkpointing): the same
+    sum and gradients, the memory of one chunk's logits."""
+    total = hidden_BKD.new_zeros(())
+    for i in range(0, hidden_BKD.shape[1], chunk):
+        h, y = hidden_BKD[:, i : i + chunk], targets_BK[:, i : i + chunk]
+        if not torch.is_grad_enabled():
+            total = total + _chunk_nll(head.weight, head.bias, h, y)
+            continue
+        total = total + torch.utils.checkpoint.checkpoint(
+            _chunk_nll, head.weight, head.bias, h, y, use_reentrant=False
+        )
+    return total
 
 
 def token_loss_sum(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:

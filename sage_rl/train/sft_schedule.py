@@ -97,8 +97,9 @@ class BestWeights:
         when training should stop (patience exhausted)."""
         if loss < self.best_loss:
             self.best_loss, self.best_step, self.bad_evals = loss, step, 0
+            copy = self.spill is None  # spilled: written from the parameters, no 0.5 GB copy first
             state = {
-                n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad
+                n: p.detach().to("cpu", copy=copy) for n, p in model.named_parameters() if p.requires_grad
             }
             if self.spill is None:
                 self._state = state
