@@ -125,7 +125,8 @@ def test_the_report_says_what_was_trained_on_what_and_where_the_full_comparison_
                  *cfg.recipe.templates, "12 train_heldout tasks that no stage trained on", "95%"):  # fmt: skip
         assert part in headline, part
     assert f"capped at {cfg.recipe.eval.base_token_budget} generated tokens" in text
-    assert "torch threads: 1" in text and "benchmarks/laptop_recipe.py" in text
+    assert "torch threads: the cores other processes leave free" in text  # policy.threads: null
+    assert "benchmarks/laptop_recipe.py" in text
     assert "SFT - base: +75.0" in text  # the paired change, with its interval
     assert summary["tgc"][HELDOUT_SPLIT] == {"base": 0.0, "SFT": 75.0}
     assert (tmp_path / "report.png").stat().st_size > 10_000

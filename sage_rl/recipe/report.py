@@ -162,7 +162,9 @@ def protocol(cfg: Any) -> list[str]:
         if budget is not None and budget != cfg.agent.token_budget
         else f"every model gets {_budget(cfg.agent.token_budget)} generated tokens per task"
     )
-    threads = cfg.policy.threads or "torch's default (one per core)"
+    threads = cfg.policy.threads or (
+        "the cores other processes leave free (sampling: measured every step; SFT: once at its start)"
+    )
     return [
         f"- Scope: {scope_text(cfg)} (`recipe.templates`; `recipe.templates=null` widens it to all 30).",
         f"- Budgets: {base}.",
