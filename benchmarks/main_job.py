@@ -59,15 +59,6 @@ def parse_time_v(text: str) -> dict[str, float]:
     return out
 
 
-def cpu_flags() -> str:
-    """'avx512' when the CPU reports AVX-512F, else 'avx2' or 'other' (Linux /proc/cpuinfo)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    return "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
-
-
 def figures(out: Path) -> dict[str, object]:
     """The stages' times and the report's TGC and SGC (with intervals) of a finished recipe run."""
     state = json.loads((out / "recipe.json").read_text())
@@ -112,7 +103,9 @@ def table(row: dict[str, object]) -> str:
     if "peak_rss_bytes" in row:
         lines.append(f"| peak RSS | {float(row['peak_rss_bytes']) / 1e9:.2f} GB |")
     if "user_s" in row:
-        lines.append(f"| CPU (all processes) | user {row['user_s']:.0f} s + system {row.get('system_s', 0):.0f} s |")
+        lines.append(
+            f"| CPU (all processes) | user {row['user_s']:.0f} s + system {row.get('system_s', 0):.0f} s |"
+        )
     for stage, secs in dict(row["stages_s"]).items():  # type: ignore[arg-type]
         lines.append(f"| stage {stage} | {secs} s |")
     for key, v in row.items():
@@ -133,9 +126,11 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="key=value overrides passed to sage-rl recipe")
     a = ap.parse_args()
     reexec_for_isa(a.isa)  # the variables reach the recipe's process through the environment
+    cpu = cpu_info()
+    flags = cpu["isa_flags"]
     row: dict[str, object] = {
-        "cpu": cpu_flags(),
-        "cpu_model": cpu_info()["model"],
+        "cpu": "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other",
+        "cpu_model": cpu["model"],
         "kernels": a.isa or "native",
         "cores": os.cpu_count(),
         "load_before": os.getloadavg(),

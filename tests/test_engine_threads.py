@@ -107,15 +107,31 @@ def test_pick_threads_averages_the_probe_and_falls_back_to_every_core(monkeypatc
     assert threads_mod.pick_threads(samples=2, interval_s=0.0, probe=lambda: 0.2) == 4  # idle noise
 
 
-def test_run_sft_restores_the_process_thread_count(monkeypatch, tmp_path):
+def test_run_sft_restores_the_process_thread_count(tiny, monkeypatch, tmp_path):
     """run_sft picks its own threads (null: the free cores) and gives the process's count back even
     when training fails, so the recipe's next stage is not left on SFT's choice."""
+    from sage_rl import models
+    from sage_rl.data import records
     from sage_rl.runs import sft as run_mod
+    from sage_rl.train import sft as train_mod
     from sage_rl.train.sft_config import SFTConfig
 
     before = torch.get_num_threads()
-    monkeypatch.setattr(threads_mod, "pick_threads", lambda: 1)
-    cfg = SFTConfig.model_validate({"data": {"path": str(tmp_path / "missing.jsonl")}, "optim": {"device": "cpu"}})
-    with pytest.raises((OSError, ValueError)):
+    picked = max(1, before - 1) if before > 1 else 2  # differs from the process's count
+    seen = []
+
+    def fail(*args, **kwargs):
+        seen.append(torch.get_num_threads())  # training started on SFT's own choice
+        raise RuntimeError("training failed")
+
+    monkeypatch.setattr(threads_mod, "pick_threads", lambda: picked)
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: tiny)
+    monkeypatch.setattr(records, "read_jsonl", lambda path: [])
+    monkeypatch.setattr(train_mod, "train_sft", fail)
+    cfg = SFTConfig.model_validate(
+        {"data": {"path": str(tmp_path / "data.jsonl")}, "optim": {"device": "cpu"}}
+    )
+    with pytest.raises(RuntimeError, match="training failed"):
         run_mod.run_sft(cfg, show_progress=False)
+    assert seen == [picked]
     assert torch.get_num_threads() == before

@@ -18,15 +18,14 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> dict:
     from sage_rl.train.sft import train_sft
 
     before = torch.get_num_threads()
-    on_cpu = cfg.optim.device == "cpu" or (cfg.optim.device == "auto" and not torch.cuda.is_available())
-    if cfg.optim.threads:
-        torch.set_num_threads(cfg.optim.threads)
-    elif on_cpu:  # null: the cores other processes leave free now (engine/threads.py)
-        torch.set_num_threads(pick_threads())
-        err.print(f"sft: {torch.get_num_threads()} torch threads (optim.threads=null: the free cores)")
     try:
         examples = read_jsonl(cfg.data.path)[: cfg.data.limit]
         model, tokenizer = load_model(cfg.model, device=cfg.optim.device)
+        if cfg.optim.threads:
+            torch.set_num_threads(cfg.optim.threads)
+        elif model.device.type == "cpu":  # null: the cores other processes leave free now (engine/threads.py)
+            torch.set_num_threads(pick_threads())
+            err.print(f"sft: {torch.get_num_threads()} torch threads (optim.threads=null: the free cores)")
         _, result = train_sft(
             model, tokenizer, examples, cfg, ChatRenderer(tokenizer).conversation, show_progress
         )

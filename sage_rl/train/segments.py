@@ -31,8 +31,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from sage_rl.train.sft_data import HEAD, PAD
+
 NAME = "sage_segments"
-HEAD, PAD = -2, -1  # segment ids of the shared head and of padding (sft_data.collate)
 
 
 @dataclass(frozen=True)

@@ -176,10 +176,11 @@ def forward_loss_sum(model: Any, batch: Batch, attention: str = "segments") -> t
         "attention_mask": batch.attn_B1TT,
         "position_ids": batch.position_ids_BT,
     }
-    if attention != "dense":
+    by_segment = attention != "dense"
+    if by_segment:
         inputs["sage_segments"] = layouts(batch.segment_BT)
-    with segmented(model) if attention != "dense" else contextlib.nullcontext():
-        head = plain_head(model)
+    head = plain_head(model)
+    with segmented(model) if by_segment else contextlib.nullcontext():
         if head is None:
             return nll_sum(model(**inputs, logits_to_keep=keep_K).logits, targets_BK)
         hidden_BTD = model.get_decoder()(**inputs).last_hidden_state

@@ -156,6 +156,9 @@ def pack_shared(encoded: Sequence[Encoded], max_length: int) -> list[list[Encode
     return [*rows, row] if row else rows
 
 
+HEAD, PAD = -2, -1  # segment ids of a row's shared head and of its padding (examples: 0, 1, ...)
+
+
 @dataclass(frozen=True)
 class Batch:
     """Model inputs for rows of one or more examples each.
@@ -169,7 +172,7 @@ class Batch:
     labels_BT: torch.Tensor  # token t's label; IGNORE where it carries no loss
     position_ids_BT: torch.Tensor
     attn_B1TT: torch.Tensor
-    segment_BT: torch.Tensor  # each token's example in its row; -2 the shared head, -1 padding
+    segment_BT: torch.Tensor  # each token's example in its row; HEAD the shared head, PAD padding
 
     def to(self, device: torch.device) -> Batch:
         """The same batch on ``device``."""
@@ -195,11 +198,11 @@ def collate(rows: Sequence[Sequence[Encoded]], pad_id: int, share: bool = False)
     ids = torch.full((B, T), pad_id, dtype=torch.long)
     labels = torch.full((B, T), IGNORE, dtype=torch.long)
     pos = torch.zeros((B, T), dtype=torch.long)
-    segment = torch.full((B, T), -1, dtype=torch.long)  # -1 = padding, -2 = the shared head
+    segment = torch.full((B, T), PAD, dtype=torch.long)
     for b, (h, row) in enumerate(zip(heads, rows, strict=True)):
         ids[b, :h] = torch.tensor(row[0].ids[:h], dtype=torch.long)
         pos[b, :h] = torch.arange(h)
-        segment[b, :h] = -2
+        segment[b, :h] = HEAD
         t = h
         for s, e in enumerate(row):
             n = len(e.ids) - h
@@ -210,9 +213,9 @@ def collate(rows: Sequence[Sequence[Encoded]], pad_id: int, share: bool = False)
             t += n
     causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
     # an example's tokens see their own example and the shared head; the head sees itself
-    same = (segment[:, :, None] == segment[:, None, :]) | (segment[:, None, :] == -2)
+    same = (segment[:, :, None] == segment[:, None, :]) | (segment[:, None, :] == HEAD)
     # Padding attends to itself only, so no row of the mask is empty (softmax stays finite).
-    allowed = (causal & same & (segment[:, :, None] != -1)) | torch.eye(T, dtype=torch.bool)
+    allowed = (causal & same & (segment[:, :, None] != PAD)) | torch.eye(T, dtype=torch.bool)
     attn = torch.zeros((B, 1, T, T)).masked_fill_(~allowed[:, None], torch.finfo(torch.float32).min)
     return Batch(ids, labels, pos, attn, segment)
 
