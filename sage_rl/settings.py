@@ -156,6 +156,9 @@ class RecipeSFT(Section):
     lora: SFTLora = SFTLora()
     eval_every: int = Field(0, ge=0, description="optimizer steps between held-out loss passes")
     keep: Literal["best", "last"] = "best"
+    save_every_s: float | None = Field(
+        600, ge=0, description="seconds between SFT resume points (null = none)"
+    )
 
 
 class RecipeEval(Section):

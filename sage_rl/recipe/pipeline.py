@@ -101,7 +101,12 @@ def sft_config(cfg: TrainConfig, r: RecipeSettings, data: Path, folder: Path) ->
                 "device": cfg.policy.device if s.optim.device == "auto" else s.optim.device,
             },
             "lora": s.lora.model_dump(mode="json"),
-            "output": {"dir": str(folder), "eval_every": s.eval_every, "keep": s.keep},
+            "output": {
+                "dir": str(folder),
+                "eval_every": s.eval_every,
+                "keep": s.keep,
+                "save_every_s": s.save_every_s,
+            },
         }
     )
 

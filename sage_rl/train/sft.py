@@ -55,6 +55,7 @@ from sage_rl.train.sft_data import (
     nll_sum,
     split_by_scenario,
 )
+from sage_rl.train.sft_resume import Reached, ResumePoints, fingerprint
 from sage_rl.train.sft_schedule import BestWeights, epoch_selection, eval_by_position
 
 
@@ -140,9 +141,10 @@ def row_options(cfg: SFTConfig) -> tuple[bool, int, bool]:
 
 
 def micro_batches(
-    rows_of: Callable[[int], list[list[Encoded]]], cfg: SFTConfig, pad_id: int
+    rows_of: Callable[[int], list[list[Encoded]]], cfg: SFTConfig, pad_id: int, skip: int = 0
 ) -> Iterator[tuple[float, Batch]]:
-    """Endless (epoch, batch) stream; each epoch's rows are shuffled with seed ``optim.seed + epoch``."""
+    """Endless (epoch, batch) stream; each epoch's rows are shuffled with seed ``optim.seed + epoch``.
+    ``skip``: micro-batches already consumed (a resumed run), passed over without being built."""
     bs = cfg.optim.batch_size
     epoch = 0
     while True:
@@ -151,6 +153,9 @@ def micro_batches(
         random.Random(cfg.optim.seed + epoch).shuffle(order)
         chunks = [order[i : i + bs] for i in range(0, len(order), bs)]
         for n, chunk in enumerate(chunks):
+            if skip:
+                skip -= 1
+                continue
             yield epoch + (n + 1) / len(chunks), collate([rows[i] for i in chunk], pad_id, sharing(cfg))
         epoch += 1
 
@@ -273,23 +278,26 @@ def train_sft(
     opt = build_optimizer(model, cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     rows_of = epoch_rows(data, cfg)
     total = num_steps(len(rows_of(0)), cfg)
-    log = MetricsLogger(out_dir, resume_offset=0, tag_prefix="sft/")  # a new run: the file starts empty
+    best = BestWeights(cfg.optim.patience, spill=out_dir / ".best.safetensors")  # not 0.5 GB of RSS
+    points = ResumePoints(out_dir / "resume", run_fingerprint(cfg, data), cfg.output.save_every_s)
+    done = points.load(model, opt, best)  # None: a new run
+    log = MetricsLogger(out_dir, resume_offset=done.metrics_offset if done else 0, tag_prefix="sft/")
 
     def held_out() -> dict[str, float]:
         loss_of = lambda group: eval_loss(model, group, cfg, pad_id)  # noqa: E731
         return eval_by_position(loss_of, data.eval, data.eval_positions, lambda e: e.num_trained)
 
-    evals = {0: held_out()}  # step -> held-out losses
-    if evals[0]:
+    evals = done.evals if done else {0: held_out()}  # step -> held-out losses
+    if evals[0] and not done:
         log.log(0, evals[0])
-    stream = micro_batches(rows_of, cfg, pad_id)
-    best = BestWeights(cfg.optim.patience, spill=out_dir / ".best.safetensors")  # not 0.5 GB of RSS
+    start = done.step if done else 0
+    stream = micro_batches(rows_of, cfg, pad_id, skip=start * cfg.optim.grad_accum)
     model.train()
-    losses: list[float] = []
-    step, stop = 0, False
+    losses: list[float] = done.losses if done else []
+    step, stop = start, False
     with progress_bar(show_progress) as bar:
-        task = bar.add_task("sft", total=total)
-        for step in range(1, total + 1):
+        task = bar.add_task("sft", total=total, completed=start)
+        for step in range(start + 1, total + 1):
             metrics = sft_step(model, opt, stream, lr_at(step - 1, total, cfg), cfg)
             losses.append(metrics["loss"])
             if data.eval and cfg.output.eval_every and step % cfg.output.eval_every == 0 and step < total:
@@ -301,6 +309,8 @@ def train_sft(
             bar.update(task, advance=1, description=f"sft loss {metrics['loss']:.3f}")
             if stop:
                 break
+            if step < total and points.due():
+                points.save(model, opt, best, Reached(step, losses, evals, log.offset()))
     model.eval()
     if step not in evals:
         evals[step] = held_out()
@@ -321,7 +331,13 @@ def train_sft(
         round(time.perf_counter() - t0, 2), chosen if data.eval else None, stop, after or None,
     )  # fmt: skip
     (out_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+    points.clear()
     return model, result
+
+
+def run_fingerprint(cfg: SFTConfig, data: Prepared) -> str:
+    """What a resume point must agree with: the config less ``output``, and the encoded examples."""
+    return fingerprint(cfg.model_dump(mode="json"), [e.ids for e in (*data.train, *data.eval)])
 
 
 def sft_step(

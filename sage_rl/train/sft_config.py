@@ -97,6 +97,12 @@ class SFTOutput(Section):
     dir: str = "runs/sft"
     log_every: int = Field(1, gt=0, description="optimizer steps between metric lines")
     eval_every: int = Field(0, ge=0, description="optimizer steps between eval passes (0 = at the end only)")
+    save_every_s: float | None = Field(
+        600,
+        ge=0,
+        description="seconds of training between resume points in <dir>/resume; the same config "
+        "started again continues from the newest; 0 = every step, null = none",
+    )
     keep: Literal["best", "last"] = Field(
         "best",
         description="the weights saved in final/: the lowest held-out loss among the evaluations "

@@ -125,6 +125,12 @@ class BestWeights:
             params[name].copy_(value.to(params[name].device))
         return True
 
+    def resumed(self) -> bool:
+        """After ``best_step`` was set from a resume point: the spilled copy is the kept one.
+        False when a best step is named but its copy is not on disk."""
+        self._kept = self.best_step is not None and self.spill is not None and self.spill.exists()
+        return self.best_step is None or self._kept
+
     def discard(self) -> None:
         """Drop the kept copy (and its file)."""
         self._state, self._kept = None, False

@@ -1,0 +1,134 @@
+"""An interrupted SFT run started again continues where it stopped, to the same weights; a resume
+point of another run, or a damaged one, is an error that names it and deletes nothing."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import sage_rl.train.sft as sft
+from sage_rl.agent.render import ChatRenderer
+from sage_rl.train.sft_config import SFTConfig
+from sage_rl.train.sft_resume import ResumeError
+from tests.test_sft import examples
+
+
+class Interrupted(Exception):
+    pass
+
+
+def config(run: Path, save_every_s: float | None = 0, **optim) -> SFTConfig:
+    return SFTConfig.model_validate(
+        {
+            "data": {"path": "unused.jsonl", "eval_fraction": 0.25},
+            "optim": {"epochs": 6, "lr": 1e-2, "grad_accum": 2, "batch_size": 1, "warmup_steps": 2, **optim},
+            "output": {"dir": str(run), "eval_every": 2, "save_every_s": save_every_s},
+        }
+    )
+
+
+def train(tiny, cfg: SFTConfig, stop_at: int | None = None, monkeypatch=None):
+    """Train a copy of the tiny model; with ``stop_at`` the run dies as that step starts."""
+    if stop_at is not None:
+        real, calls = sft.sft_step, iter(range(1, 10_000))
+
+        def dying(*args, **kwargs):
+            if next(calls) == stop_at:
+                raise Interrupted
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(sft, "sft_step", dying)
+    model, tok = copy.deepcopy(tiny[0]), tiny[1]
+    try:
+        return sft.train_sft(
+            model, tok, examples(8), cfg, ChatRenderer(tok).conversation, show_progress=False
+        )
+    finally:
+        monkeypatch and monkeypatch.undo()
+
+
+def rows(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_resumed_run_ends_where_an_unbroken_one_does(tiny, tmp_path, monkeypatch):
+    whole_model, whole = train(tiny, config(tmp_path / "whole"))
+    run = tmp_path / "broken"
+    with pytest.raises(Interrupted):
+        train(tiny, config(run), stop_at=6, monkeypatch=monkeypatch)
+    state = json.loads((run / "resume" / "state.json").read_text())
+    assert state["step"] == 5 and len(state["losses"]) == 5
+    model, resumed = train(tiny, config(run))
+    assert (resumed.steps, resumed.best_step) == (whole.steps, whole.best_step)
+    assert resumed.first_loss == whole.first_loss and resumed.last_loss == pytest.approx(
+        whole.last_loss, abs=1e-6
+    )
+    for (name, a), (_, b) in zip(model.named_parameters(), whole_model.named_parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
+    # the metrics read as one run: every step once, in order, the same numbers
+    assert [r["step"] for r in rows(run)] == [r["step"] for r in rows(tmp_path / "whole")]
+    for a, b in zip(rows(run), rows(tmp_path / "whole"), strict=True):
+        assert a.get("loss", 0) == pytest.approx(b.get("loss", 0), abs=1e-6)
+    assert not (run / "resume").exists() and not (run / ".best.safetensors").exists()  # cleared at the end
+
+
+def test_another_runs_resume_point_is_refused(tiny, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    with pytest.raises(Interrupted):
+        train(tiny, config(run), stop_at=3, monkeypatch=monkeypatch)
+    with pytest.raises(ResumeError, match=r"resume is a resume point of another SFT run"):
+        train(tiny, config(run, lr=5e-3))
+    assert (run / "resume" / "weights.safetensors").exists()  # nothing deleted
+    # where the run computes is not part of it: another thread count resumes
+    _, result = train(tiny, config(run, threads=1))
+    steps = [r["step"] for r in rows(run) if "loss" in r]
+    assert result.steps == 18 and steps == list(range(1, 19))  # steps 1-2 kept, 3-18 trained after
+
+
+@pytest.mark.parametrize("damage", ["state.json", "weights.safetensors"])
+def test_a_damaged_resume_point_names_the_file(tiny, tmp_path, monkeypatch, damage):
+    run = tmp_path / "run"
+    with pytest.raises(Interrupted):
+        train(tiny, config(run), stop_at=4, monkeypatch=monkeypatch)
+    (run / "resume" / damage).write_bytes(b"\x00garbage{")
+    with pytest.raises(ResumeError, match=damage.replace(".", r"\.")):
+        train(tiny, config(run))
+    assert (run / "resume" / damage).read_bytes() == b"\x00garbage{"  # kept for the user to look at
+
+
+def test_no_resume_points_when_turned_off(tiny, tmp_path, monkeypatch):
+    with pytest.raises(Interrupted):
+        train(tiny, config(tmp_path / "run", save_every_s=None), stop_at=4, monkeypatch=monkeypatch)
+    assert not (tmp_path / "run" / "resume").exists()
+
+
+def test_the_best_weights_are_those_of_the_resume_points_time(tmp_path):
+    """The best weights' file may be replaced after the last resume point (an evaluation, then a
+    crash): resuming puts back the copy that the point's bookkeeping names."""
+    from sage_rl.train.sft_resume import Reached, ResumePoints
+    from sage_rl.train.sft_schedule import BestWeights
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    best = BestWeights(None, spill=tmp_path / ".best.safetensors")
+    best.update(model, 2, 1.0)  # the best: step 2's weights
+    at_step_2 = model.weight.detach().clone()
+    points = ResumePoints(tmp_path / "resume", "fp", every_s=0)
+    points.save(model, opt, best, Reached(3, [0.5, 0.4, 0.3], {0: {}, 2: {"eval_loss": 1.0}}, 0))
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    best.update(model, 4, 0.5)  # a better evaluation after the point; then the run dies
+
+    fresh, fresh_best = torch.nn.Linear(3, 2), BestWeights(None, spill=tmp_path / ".best.safetensors")
+    done = ResumePoints(tmp_path / "resume", "fp", every_s=0).load(
+        fresh, torch.optim.AdamW(fresh.parameters()), fresh_best
+    )
+    assert done.step == 3 and (fresh_best.best_step, fresh_best.best_loss) == (2, 1.0)
+    with torch.no_grad():
+        fresh.weight.zero_()
+    assert fresh_best.restore(fresh) and torch.equal(fresh.weight, at_step_2)
