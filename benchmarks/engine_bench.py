@@ -9,7 +9,8 @@ temperature 1), and a fixed observation of about ``--obs`` tokens appended after
   left-padded into one batch and ``model.generate`` (the model as loaded, float32).
 - ``policy``: ``TransformersPolicy`` with its default settings (one coroutine per episode);
   ``policy_<dtype>`` (fp32, bf16) and ``policy_t<N>`` / ``policy_fp32_t<N>`` fix the compute dtype
-  or the sampling threads (``threads=N`` instead of the default "auto").
+  or the sampling threads (``threads=N`` instead of the default "auto"); ``_unpacked`` turns off
+  the few-row column blocks of ``engine/packed.py`` (the BLAS product for every row count).
 - ``llama_cpp``: llama-cpp-python on the same GGUF, one episode after another, when a bench venv
   has it (``--llama-python``, default ``.venv-bench/bin/python``); skipped otherwise. PyPI has no
   CPU wheel of it, so it builds from source (about 20 minutes on 2 cores):
@@ -247,11 +248,13 @@ POLICY_DTYPES = {"": None, "fp32": "float32", "bf16": "bfloat16"}
 
 
 def policy_variant(system: str) -> dict:
-    """``policy[_fp32|_bf16][_t<N>|_auto]`` -> TransformersPolicy keyword arguments (the
-    defaults where the name says nothing)."""
+    """``policy[_fp32|_bf16][_t<N>|_auto][_unpacked]`` -> TransformersPolicy keyword arguments (the
+    defaults where the name says nothing; ``unpacked`` is applied to the built policy's runner)."""
     kwargs: dict = {}
     parts = system.split("_")[1:]
     for part in parts:
+        if part == "unpacked":
+            continue
         if part in POLICY_DTYPES:
             kwargs["dtype"] = POLICY_DTYPES[part]
         elif part == "auto":
@@ -259,7 +262,7 @@ def policy_variant(system: str) -> dict:
         elif part.startswith("t") and part[1:].isdigit():
             kwargs["threads"] = int(part[1:])
         else:
-            raise SystemExit(f"unknown system {system!r}: policy[_fp32|_bf16][_t<N>|_auto]")
+            raise SystemExit(f"unknown system {system!r}: policy[_fp32|_bf16][_t<N>|_auto][_unpacked]")
     return kwargs
 
 
@@ -323,11 +326,15 @@ def main() -> None:
                 if system.startswith("policy"):
                     kwargs = policy_variant(system)
                     policy = TransformersPolicy(model, tok, max_batch=args.episodes, stop_ids=(), **kwargs)
+                    if system.endswith("_unpacked"):  # the BLAS product at every row count
+                        policy.engine.runner.packed = False
+                        policy.engine.runner.refresh()
                     timer = DecodeTimer(policy.engine.runner, args.episodes)
                     entry = _timed(lambda p=policy: run_policy(p, prompts, obs, args), busy)
                     entry["settings"] = {
                         "dtype": str(policy.dtype or "model"),
                         "threads": kwargs.get("threads", "auto"),
+                        "packed": getattr(policy.engine.runner, "packed", None),
                     }
                     entry["engine"] = {k: v for k, v in vars(policy.stats).items() if k != "admitted_at"}
                     entry["bandwidth_floor"] = floor_report(policy, timer, bandwidth, args)

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from sage_rl.engine.adapters import effective_linear, projection_problem, unwrap
 from sage_rl.engine.kv import KVCache
+from sage_rl.engine.packed import MAX_ROWS, layer_blocks, pack, packed_linear, wanted
 
 NATIVE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _CLASS_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
@@ -77,6 +78,9 @@ class _Layer:
     down: torch.Tensor
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
+    #: the same projections as column blocks for few rows (``engine/packed.py``), by name
+    #: ("qkv", "o", "gate_up", "down"): (blocks, fused bias); empty when not packed
+    blocks: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = dataclasses.field(default_factory=dict)
 
 
 def _linear(m: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -93,7 +97,7 @@ def _fuse(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.
 class NativeRunner:
     """Llama-family forward passes in ``dtype`` (None = the model's own)."""
 
-    def __init__(self, model: Any, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, model: Any, dtype: torch.dtype | None = None, packed: bool | None = None) -> None:
         reason = native_unsupported(model)
         if reason:
             raise ValueError(f"NativeRunner cannot run this model: {reason}")
@@ -116,6 +120,9 @@ class NativeRunner:
         # one batch and attended by a few batched kernels instead of three per row (2x at 64
         # rows on an H200: docs/LOG.md, 2026-11-26).
         self.padded_decode = self.device.type != "cpu"
+        # Few-row products through column blocks (engine/packed.py): None = where they pay
+        # (float32 on a CPU), at the cost of a second copy of the weights.
+        self.packed = wanted(self.device, self.dtype) if packed is None else packed
         self.refresh()
 
     # ---------------------------------------------------------------- weights
@@ -130,6 +137,10 @@ class NativeRunner:
         same = head.data_ptr() == inner.embed_tokens.weight.data_ptr()
         self.lm_head = self.embed if same else head.detach().to(dt)
         self.layers = [self._layer(layer, dt, fuse=copy) for layer in inner.layers]
+        self.head_blocks = pack([self.lm_head]) if self.packed else None
+        if self.packed:
+            for layer in self.layers:
+                layer.blocks = layer_blocks(layer)
 
     @staticmethod
     def _layer(layer: Any, dt: torch.dtype, fuse: bool) -> _Layer:
@@ -193,6 +204,8 @@ class NativeRunner:
 
     def _logits(self, h_BD: torch.Tensor) -> torch.Tensor:
         h_BD = F.rms_norm(h_BD, h_BD.shape[-1:], self.norm, self.eps)
+        if self.head_blocks is not None and h_BD.shape[0] <= MAX_ROWS:
+            return packed_linear(h_BD, self.head_blocks).float()
         return F.linear(h_BD, self.lm_head).float()
 
     def _forward(
@@ -209,20 +222,19 @@ class NativeRunner:
         h_TD = F.embedding(ids_T, self.embed)
         cos, sin = self.hf.model.rotary_emb(h_TD, pos_T.to(self.device)[None])
         cos_T1D, sin_T1D = cos[0, :, None, :], sin[0, :, None, :]
+        few = len(ids) <= MAX_ROWS
         for i, layer in enumerate(self.layers):
             x_TD = F.rms_norm(h_TD, h_TD.shape[-1:], layer.in_norm, self.eps)
             a_TD = self._attention(i, layer, x_TD, cos_T1D, sin_T1D, caches, starts, lengths)
-            h_TD = h_TD + F.linear(a_TD, *layer.o)
+            h_TD = h_TD + _project(layer, "o", a_TD, few)
             x_TD = F.rms_norm(h_TD, h_TD.shape[-1:], layer.post_norm, self.eps)
-            gu = [F.linear(x_TD, w) for w in layer.gate_up]
-            gate, up = gu if len(gu) == 2 else gu[0].chunk(2, dim=-1)
-            h_TD = h_TD + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = _project(layer, "gate_up", x_TD, few).chunk(2, dim=-1)
+            h_TD = h_TD + _project(layer, "down", F.silu(gate) * up, few)
         return h_TD
 
     def _attention(self, i, layer, x_TD, cos_T1D, sin_T1D, caches, starts, lengths) -> torch.Tensor:
         T, H, KV, Dh = x_TD.shape[0], self.heads, self.kv_heads, self.head_dim
-        qkv = torch.cat([F.linear(x_TD, w, b) for w, b in layer.qkv], -1) if len(layer.qkv) > 1 else None
-        qkv = qkv if qkv is not None else F.linear(x_TD, *layer.qkv[0])
+        qkv = _project(layer, "qkv", x_TD, T <= MAX_ROWS)
         v_TKD = qkv[:, (H + KV) * Dh :].view(T, KV, Dh)
         if layer.q_norm is None:  # rotate queries and keys in one pass
             qk_TND = _rotate(qkv[:, : (H + KV) * Dh].view(T, H + KV, Dh), cos_T1D, sin_T1D)
@@ -257,6 +269,23 @@ class NativeRunner:
                 p_KGL = torch.softmax(s_KGL, dim=-1)
                 torch.bmm(p_KGL, cache.values(i, start + 1), out=out_THD[b].view(KV, G, Dh))
         return out_THD.view(T, H * Dh).to(self.dtype)
+
+
+def _project(layer: _Layer, name: str, x_TK: torch.Tensor, few: bool) -> torch.Tensor:
+    """Projection ``name`` ("qkv", "o", "gate_up", "down") of ``x``, fused outputs concatenated:
+    through its column blocks for few rows when it has them, else the BLAS product."""
+    packed = layer.blocks.get(name) if few else None
+    if packed is not None:
+        return packed_linear(x_TK, *packed)
+    if name == "qkv":
+        return _cat([F.linear(x_TK, w, b) for w, b in layer.qkv])
+    if name == "gate_up":
+        return _cat([F.linear(x_TK, w) for w in layer.gate_up])
+    return F.linear(x_TK, *layer.o) if name == "o" else F.linear(x_TK, layer.down)
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(parts, -1) if len(parts) > 1 else parts[0]
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
