@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from sage_rl.engine.adapters import unwrap
-from sage_rl.engine.decoder import NativeRunner, _rotate, native_unsupported
+from sage_rl.engine.attention import rotate
+from sage_rl.engine.decoder import NativeRunner, native_unsupported
 from sage_rl.engine.device_sampler import RowParams, draw_tensors
 from sage_rl.engine.store import PagedSeq, PageStore
 
@@ -189,14 +190,14 @@ class PagedRunner:
             qkv = F.linear(x_TD, L["qkv"], L["qkv_b"])
             v_TKD = qkv[:, (H + KV) * Dh :].view(T, KV, Dh)
             if L["q_norm"] is None:
-                qk = _rotate(qkv[:, : (H + KV) * Dh].view(T, H + KV, Dh), cos_T1D, sin_T1D)
+                qk = rotate(qkv[:, : (H + KV) * Dh].view(T, H + KV, Dh), cos_T1D, sin_T1D)
                 q_THD, k_TKD = qk[:, :H], qk[:, H:]
             else:
                 q_THD = F.rms_norm(qkv[:, : H * Dh].view(T, H, Dh), (Dh,), L["q_norm"], self.eps)
                 k_TKD = F.rms_norm(
                     qkv[:, H * Dh : (H + KV) * Dh].view(T, KV, Dh), (Dh,), L["k_norm"], self.eps
                 )
-                q_THD, k_TKD = _rotate(q_THD, cos_T1D, sin_T1D), _rotate(k_TKD, cos_T1D, sin_T1D)
+                q_THD, k_TKD = rotate(q_THD, cos_T1D, sin_T1D), rotate(k_TKD, cos_T1D, sin_T1D)
             kv[i, 0][:, slots_T] = k_TKD.transpose(0, 1)  # one indexed write per layer
             kv[i, 1][:, slots_T] = v_TKD.transpose(0, 1)
             a_THD = attend(i, q_THD * self.scaling)

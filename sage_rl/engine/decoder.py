@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from sage_rl.engine.adapters import effective_linear, projection_problem, unwrap
+from sage_rl.engine.attention import attend_causal, attend_padded, rotate
 from sage_rl.engine.kv import KVCache
 from sage_rl.engine.packed import MAX_ROWS, layer_blocks, pack, packed_linear, wanted
 
@@ -237,37 +238,41 @@ class NativeRunner:
         qkv = _project(layer, "qkv", x_TD, T <= MAX_ROWS)
         v_TKD = qkv[:, (H + KV) * Dh :].view(T, KV, Dh)
         if layer.q_norm is None:  # rotate queries and keys in one pass
-            qk_TND = _rotate(qkv[:, : (H + KV) * Dh].view(T, H + KV, Dh), cos_T1D, sin_T1D)
+            qk_TND = rotate(qkv[:, : (H + KV) * Dh].view(T, H + KV, Dh), cos_T1D, sin_T1D)
             q_THD, k_TKD = qk_TND[:, :H], qk_TND[:, H:]
         else:
             q_THD = F.rms_norm(qkv[:, : H * Dh].view(T, H, Dh), (Dh,), layer.q_norm, self.eps)
             k_TKD = F.rms_norm(qkv[:, H * Dh : (H + KV) * Dh].view(T, KV, Dh), (Dh,), layer.k_norm, self.eps)
-            q_THD, k_TKD = _rotate(q_THD, cos_T1D, sin_T1D), _rotate(k_TKD, cos_T1D, sin_T1D)
+            q_THD, k_TKD = rotate(q_THD, cos_T1D, sin_T1D), rotate(k_TKD, cos_T1D, sin_T1D)
         q_THD = (q_THD * self.scaling).to(self.kv_dtype)
         out_THD = torch.empty_like(q_THD)
         if len(caches) == 1:  # one sequence, T new tokens
             cache, start = caches[0], starts[0]
             cache.kv[i, 0, :, start : start + T] = k_TKD.transpose(0, 1)
             cache.kv[i, 1, :, start : start + T] = v_TKD.transpose(0, 1)
-            _attend_causal(q_THD, cache.keys(i, start + T), cache.values(i, start + T), start, out_THD)
+            attend_causal(q_THD, cache.keys(i, start + T), cache.values(i, start + T), start, out_THD)
         elif lengths is not None:  # several sequences, lengths[j] new tokens each
             at = 0
             for cache, start, n in zip(caches, starts, lengths, strict=True):
                 cache.kv[i, 0, :, start : start + n] = k_TKD[at : at + n].transpose(0, 1)
                 cache.kv[i, 1, :, start : start + n] = v_TKD[at : at + n].transpose(0, 1)
                 q, out = q_THD[at : at + n], out_THD[at : at + n]
-                _attend_causal(q, cache.keys(i, start + n), cache.values(i, start + n), start, out)
+                attend_causal(q, cache.keys(i, start + n), cache.values(i, start + n), start, out)
                 at += n
         elif self.padded_decode:  # one new token per sequence, the caches padded into a batch
-            _attend_padded(q_THD, torch.stack((k_TKD, v_TKD), 1), [c.kv[i] for c in caches], starts, out_THD)
+            attend_padded(q_THD, torch.stack((k_TKD, v_TKD), 1), [c.kv[i] for c in caches], starts, out_THD)
         else:  # one new token per sequence, each attending over its own cache
-            kv_T2KD = torch.stack((k_TKD, v_TKD), 1)
-            G = H // KV
-            for b, (cache, start) in enumerate(zip(caches, starts, strict=True)):
-                cache.kv[i, :, :, start] = kv_T2KD[b]
-                s_KGL = torch.bmm(q_THD[b].view(KV, G, Dh), cache.keys(i, start + 1).transpose(1, 2))
-                p_KGL = torch.softmax(s_KGL, dim=-1)
-                torch.bmm(p_KGL, cache.values(i, start + 1), out=out_THD[b].view(KV, G, Dh))
+            G = H // KV  # views made once per layer, not per row: the loop is ~8 ops a row
+            new_T2KD = torch.stack((k_TKD, v_TKD), 1).unbind(0)
+            q_TKGD, out_TKGD = q_THD.view(T, KV, G, Dh).unbind(0), out_THD.view(T, KV, G, Dh).unbind(0)
+            for cache, start, new, q_KGD, out_KGD in zip(
+                caches, starts, new_T2KD, q_TKGD, out_TKGD, strict=True
+            ):
+                kv_2KCD = cache.by_layer[i]
+                kv_2KCD.select(2, start).copy_(new)
+                k_KLD, v_KLD = kv_2KCD[:, :, : start + 1].unbind(0)
+                p_KGL = torch.softmax(torch.bmm(q_KGD, k_KLD.transpose(1, 2)), dim=-1)
+                torch.bmm(p_KGL, v_KLD, out=out_KGD)
         return out_THD.view(T, H * Dh).to(self.dtype)
 
 
@@ -286,53 +291,6 @@ def _project(layer: _Layer, name: str, x_TK: torch.Tensor, few: bool) -> torch.T
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts, -1) if len(parts) > 1 else parts[0]
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding, as transformers' ``apply_rotary_pos_emb`` (rotate_half form)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
-def _attend_causal(q_THD, k_KLD, v_KLD, start: int, out_THD) -> None:
-    """Causal attention of T queries at positions ``start..start+T-1`` over L = start + T keys
-    (grouped-query: each of the KV heads serves H / KV query heads). ``q`` is pre-scaled."""
-    T, H, Dh = q_THD.shape
-    KV, L = k_KLD.shape[0], k_KLD.shape[1]
-    G = H // KV
-    q_KQD = q_THD.view(T, KV, G, Dh).permute(1, 2, 0, 3).reshape(KV, G * T, Dh)
-    s_KGTL = torch.bmm(q_KQD, k_KLD.transpose(1, 2)).view(KV, G, T, L)
-    # Every query sees the whole cached prefix; only the new keys after it need a mask (masking
-    # all L columns cost ~7% of a 60-token admission over a 1,000-token cache).
-    future_TT = torch.ones((T, T), dtype=torch.bool, device=q_THD.device).triu(1)
-    s_KGTL[..., start:].masked_fill_(future_TT, float("-inf"))
-    p_KQL = torch.softmax(s_KGTL, dim=-1).view(KV, G * T, L)
-    o_KQD = torch.bmm(p_KQL, v_KLD)
-    out_THD.copy_(o_KQD.view(KV, G, T, Dh).permute(2, 0, 1, 3).reshape(T, H, Dh))
-
-
-def _attend_padded(q_BHD, kv_B2KD, layer_kv: list[torch.Tensor], starts: list[int], out_BHD) -> None:
-    """Attention of one new token per row (positions ``starts``), each over its own cache
-    (``layer_kv[b]``: the row's ``[2, KV, capacity, Dh]`` for this layer), after writing the new
-    keys and values into the caches; the caches are right-padded into one ``[B, L, ...]`` batch and
-    the padding is masked out. ``q`` is pre-scaled."""
-    B, H, Dh = q_BHD.shape
-    KV = kv_B2KD.shape[2]
-    for b, (kv, start) in enumerate(zip(layer_kv, starts, strict=True)):
-        kv[:, :, start] = kv_B2KD[b]
-    lengths = [s + 1 for s in starts]
-    kv_BL2KD = torch.nn.utils.rnn.pad_sequence(
-        [kv[:, :, :n].permute(2, 0, 1, 3) for kv, n in zip(layer_kv, lengths, strict=True)], batch_first=True
-    )
-    k_BKDL = kv_BL2KD[:, :, 0].permute(0, 2, 3, 1)
-    v_BKLD = kv_BL2KD[:, :, 1].permute(0, 2, 1, 3)
-    s_BKGL = torch.matmul(q_BHD.view(B, KV, H // KV, Dh), k_BKDL)
-    L = kv_BL2KD.shape[1]
-    pad_BL = torch.arange(L) >= torch.tensor(lengths)[:, None]
-    s_BKGL = s_BKGL.masked_fill(pad_BL.to(s_BKGL.device)[:, None, None, :], float("-inf"))
-    o_BKGD = torch.matmul(torch.softmax(s_BKGL, dim=-1), v_BKLD)
-    out_BHD.copy_(o_BKGD.reshape(B, H, Dh))
 
 
 class HFRunner:

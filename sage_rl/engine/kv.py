@@ -30,6 +30,7 @@ class KVCache:
         self.layers, self.heads, self.dim = shape
         self.dtype, self.device = dtype, device
         self.kv = torch.empty((self.layers, 2, self.heads, 0, self.dim), dtype=dtype, device=device)
+        self.by_layer = self.kv.unbind(0)  # per layer [k|v, heads, capacity, dim] views of ``kv``
         self.ids: list[int] = []
 
     def __len__(self) -> int:
@@ -51,7 +52,7 @@ class KVCache:
             (self.layers, 2, self.heads, capacity, self.dim), dtype=self.dtype, device=self.device
         )
         grown[:, :, :, : len(self)] = self.kv[:, :, :, : len(self)]
-        self.kv = grown
+        self.kv, self.by_layer = grown, grown.unbind(0)
 
     def keys(self, layer: int, end: int) -> torch.Tensor:
         """``[heads, end, dim]`` view of the layer's keys at positions ``[0, end)``."""
