@@ -3,6 +3,8 @@ product, used only where they pay, and re-read with the weights."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -71,7 +73,16 @@ def test_the_blocks_are_read_again_with_the_weights():
     assert not torch.allclose(fresh, before, atol=1e-3)
 
 
-def test_blocks_only_for_float32_on_a_cpu():
+def test_blocks_only_for_float32_on_a_cpu_and_when_their_copy_fits(monkeypatch):
+    from sage_rl.engine import packed
+
     model = _tiny("llama")
     assert NativeRunner(model).packed
     assert not NativeRunner(model, dtype=torch.bfloat16).packed
+    assert not packed.wanted(torch.device("cuda"), torch.float32, 1)
+    monkeypatch.setattr(packed, "available_bytes", lambda: 4 * 10**9)
+    assert packed.wanted(torch.device("cpu"), torch.float32, 10**9)  # a quarter of what is free
+    assert not packed.wanted(torch.device("cpu"), torch.float32, 10**9 + 1)
+    monkeypatch.undo()
+    if Path("/proc/meminfo").exists():  # Linux: MemAvailable, a positive number of bytes
+        assert packed.available_bytes() > 0

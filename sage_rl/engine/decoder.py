@@ -122,8 +122,9 @@ class NativeRunner:
         # rows on an H200: docs/LOG.md, 2026-11-26).
         self.padded_decode = self.device.type != "cpu"
         # Few-row products through column blocks (engine/packed.py): None = where they pay
-        # (float32 on a CPU), at the cost of a second copy of the weights.
-        self.packed = wanted(self.device, self.dtype) if packed is None else packed
+        # (float32 on a CPU) and their second copy of the weights fits (a quarter of free memory).
+        size = sum(p.numel() for p in self.hf.parameters()) * self.dtype.itemsize
+        self.packed = wanted(self.device, self.dtype, size) if packed is None else packed
         self.refresh()
 
     # ---------------------------------------------------------------- weights

@@ -15,6 +15,7 @@ efficient there.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -40,10 +41,30 @@ def packed_linear(x_TK: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor |
     return y_TN if bias is None else y_TN + bias
 
 
-def wanted(device: torch.device, dtype: torch.dtype) -> bool:
-    """Blocks where they were measured to pay: float32 on a CPU. (bfloat16 weights, on CPUs with
-    native bf16, use oneDNN's kernels, fast for few rows; an accelerator has its own.)"""
-    return device.type == "cpu" and dtype == torch.float32
+def wanted(device: torch.device, dtype: torch.dtype, nbytes: int) -> bool:
+    """Blocks where they were measured to pay, float32 on a CPU, and where their copy of the
+    ``nbytes`` of weights takes at most a quarter of the memory available now (a 7B float32 model
+    on a laptop gets none). bfloat16 weights, on CPUs with native bf16, use oneDNN's kernels, fast
+    for few rows; an accelerator has its own."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return False
+    free = available_bytes()
+    return free is None or nbytes <= free // 4
+
+
+def available_bytes() -> int | None:
+    """Memory available to new allocations (Linux ``MemAvailable``, else free pages); None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def layer_blocks(layer: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
