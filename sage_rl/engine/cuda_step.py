@@ -115,7 +115,8 @@ class PagedRunner:
             raise ValueError(f"PagedRunner cannot run this model: {reason}")
         if attention not in ATTENTION:
             raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
-        native = NativeRunner(model, dtype)  # for its reading of the architecture and the weights
+        # for its reading of the architecture and the weights; its few-row blocks are never used here
+        native = NativeRunner(model, dtype, packed=False)
         self.model, self.hf, self._native = model, native.hf, native
         self.dtype, self.device = native.dtype, native.device
         self.heads, self.kv_heads, self.head_dim = native.heads, native.kv_heads, native.head_dim
