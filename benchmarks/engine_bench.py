@@ -10,7 +10,8 @@ temperature 1), and a fixed observation of about ``--obs`` tokens appended after
 - ``policy``: ``TransformersPolicy`` with its default settings (one coroutine per episode);
   ``policy_<dtype>`` (fp32, bf16) and ``policy_t<N>`` / ``policy_fp32_t<N>`` fix the compute dtype
   or the sampling threads (``threads=N`` instead of the default "auto"); ``_unpacked`` turns off
-  the few-row column blocks of ``engine/packed.py`` (the BLAS product for every row count).
+  the few-row column blocks of ``engine/packed.py`` (the BLAS product for every row count),
+  ``_rows`` the decode pool of ``engine/pool.py`` (each row attends over its own cache).
 - ``llama_cpp``: llama-cpp-python on the same GGUF, one episode after another, when a bench venv
   has it (``--llama-python``, default ``.venv-bench/bin/python``); skipped otherwise. PyPI has no
   CPU wheel of it, so it builds from source (about 20 minutes on 2 cores):
@@ -248,12 +249,13 @@ POLICY_DTYPES = {"": None, "fp32": "float32", "bf16": "bfloat16"}
 
 
 def policy_variant(system: str) -> dict:
-    """``policy[_fp32|_bf16][_t<N>|_auto][_unpacked]`` -> TransformersPolicy keyword arguments (the
-    defaults where the name says nothing; ``unpacked`` is applied to the built policy's runner)."""
+    """``policy[_fp32|_bf16][_t<N>|_auto][_unpacked][_rows]`` -> TransformersPolicy keyword arguments
+    (the defaults where the name says nothing; ``unpacked`` and ``rows`` are applied to the built
+    policy's runner)."""
     kwargs: dict = {}
     parts = system.split("_")[1:]
     for part in parts:
-        if part == "unpacked":
+        if part in ("unpacked", "rows"):
             continue
         if part in POLICY_DTYPES:
             kwargs["dtype"] = POLICY_DTYPES[part]
@@ -262,7 +264,7 @@ def policy_variant(system: str) -> dict:
         elif part.startswith("t") and part[1:].isdigit():
             kwargs["threads"] = int(part[1:])
         else:
-            raise SystemExit(f"unknown system {system!r}: policy[_fp32|_bf16][_t<N>|_auto][_unpacked]")
+            raise SystemExit(f"unknown system {system!r}: policy[_fp32|_bf16][_t<N>|_auto][_unpacked][_rows]")
     return kwargs
 
 
@@ -326,15 +328,18 @@ def main() -> None:
                 if system.startswith("policy"):
                     kwargs = policy_variant(system)
                     policy = TransformersPolicy(model, tok, max_batch=args.episodes, stop_ids=(), **kwargs)
-                    if system.endswith("_unpacked"):  # the BLAS product at every row count
+                    if "_unpacked" in system:  # the BLAS product at every row count
                         policy.engine.runner.packed = False
                         policy.engine.runner.refresh()
+                    if "_rows" in system:  # each row's attention over its own cache
+                        policy.engine.runner.pool = None
                     timer = DecodeTimer(policy.engine.runner, args.episodes)
                     entry = _timed(lambda p=policy: run_policy(p, prompts, obs, args), busy)
                     entry["settings"] = {
                         "dtype": str(policy.dtype or "model"),
                         "threads": kwargs.get("threads", "auto"),
                         "packed": getattr(policy.engine.runner, "packed", None),
+                        "pooled": getattr(policy.engine.runner, "pool", None) is not None,
                     }
                     entry["engine"] = {k: v for k, v in vars(policy.stats).items() if k != "admitted_at"}
                     entry["bandwidth_floor"] = floor_report(policy, timer, bandwidth, args)

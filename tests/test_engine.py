@@ -60,11 +60,12 @@ def _reference_logits(model, ids):
         return model(input_ids=torch.tensor([ids])).logits[0].float()
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["per-row", "padded"])
+@pytest.mark.parametrize("mode", ["pooled", "per-row", "padded"])
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
-def test_native_forward_equals_transformers(kind, padded, monkeypatch):
-    """Prefill and decode equal transformers' forward; decode attention both per row (the CPU
-    path) and over the caches padded into one batch (the accelerator path, forced here)."""
+def test_native_forward_equals_transformers(kind, mode, monkeypatch):
+    """Prefill and decode equal transformers' forward; decode attention over the caches seated in
+    one pool (the CPU path), per row over each cache, and over the caches padded into one batch
+    (the accelerator path, forced here)."""
     monkeypatch.setattr(decoder, "PREFILL_CHUNK", 4)  # the 11-token prefill runs in 3 chunks
     model = _tiny(kind)
     assert native_unsupported(model) is None
@@ -72,8 +73,10 @@ def test_native_forward_equals_transformers(kind, padded, monkeypatch):
     ref = _reference_logits(model, ids)
     with torch.inference_mode():
         runner = NativeRunner(model)
-        assert not runner.padded_decode  # on a CPU
-        runner.padded_decode = padded
+        assert not runner.padded_decode and runner.pool is not None  # on a CPU
+        runner.padded_decode = mode == "padded"
+        if mode != "pooled":
+            runner.pool = None
         a, b = runner.new_cache(), runner.new_cache()
         got = [runner.prefill(a, ids[:11]), runner.prefill(b, ids[:5])]
         assert torch.allclose(got[0], ref[10], atol=1e-5) and torch.allclose(got[1], ref[4], atol=1e-5)

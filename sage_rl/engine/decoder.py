@@ -11,8 +11,9 @@ re-reads the model's weights; the engine calls it when it is told they changed
 computed with the old ones. Nothing here detects a change by itself.
 
 :class:`NativeRunner` (plain Llama, Mistral, Qwen2 and Qwen3 models, without sliding windows or
-adapters) batches every linear layer over the rows of a decode step, and computes each row's
-attention over its own cache (no padding, no cache copies: a transformers ``DynamicCache``
+adapters) batches every linear layer over the rows of a decode step; on a CPU the rows' caches
+are slots of one pool (``pool.py``) attended with two batched products a layer, elsewhere each row
+attends over its own cache (no cache copies either way: a transformers ``DynamicCache``
 re-concatenates the whole cache at every step). Its weights are views of the model's parameters
 when ``dtype`` is the model's own, or a converted copy (``q|k|v`` and ``gate|up`` fused) otherwise,
 e.g. bfloat16 compute for a float32 model on a CPU with AVX512-BF16: about 3x less time in the
@@ -28,9 +29,10 @@ import torch
 import torch.nn.functional as F
 
 from sage_rl.engine.adapters import effective_linear, projection_problem, unwrap
-from sage_rl.engine.attention import attend_causal, attend_padded, rotate
+from sage_rl.engine.attention import attend_causal, attend_padded, attend_pooled, rotate
 from sage_rl.engine.kv import KVCache
 from sage_rl.engine.packed import MAX_ROWS, layer_blocks, pack, packed_linear, wanted
+from sage_rl.engine.pool import DecodePool
 
 NATIVE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _CLASS_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
@@ -98,7 +100,13 @@ def _fuse(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.
 class NativeRunner:
     """Llama-family forward passes in ``dtype`` (None = the model's own)."""
 
-    def __init__(self, model: Any, dtype: torch.dtype | None = None, packed: bool | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        dtype: torch.dtype | None = None,
+        packed: bool | None = None,
+        pooled: bool | None = None,
+    ) -> None:
         reason = native_unsupported(model)
         if reason:
             raise ValueError(f"NativeRunner cannot run this model: {reason}")
@@ -121,6 +129,10 @@ class NativeRunner:
         # one batch and attended by a few batched kernels instead of three per row (2x at 64
         # rows on an H200: docs/LOG.md, 2026-11-26).
         self.padded_decode = self.device.type != "cpu"
+        # On a CPU the decode batch's caches are seated in one pool (engine/pool.py) and a layer
+        # attends all rows with two batched products (None = on a CPU).
+        pooled = self.device.type == "cpu" if pooled is None else pooled
+        self.pool = DecodePool(self.cache_shape, self.kv_dtype, self.device) if pooled else None
         # Few-row products through column blocks (engine/packed.py): None = where they pay
         # (float32 on a CPU) and their second copy of the weights fits (a quarter of free memory).
         size = sum(p.numel() for p in self.hf.parameters()) * self.dtype.itemsize
@@ -197,12 +209,25 @@ class NativeRunner:
     def decode(self, caches: list[KVCache], ids: list[int]) -> torch.Tensor:
         """Feed one token to each sequence; float32 logits ``[B, V]``."""
         starts = [len(c) for c in caches]
+        seats = self._seat(caches, starts)
         for c in caches:
             c.reserve(1)
-        h_BD = self._forward(ids, torch.tensor(starts), caches, starts)
+        h_BD = self._forward(ids, torch.tensor(starts), caches, starts, seats=seats)
         for c, i in zip(caches, ids, strict=True):
             c.ids.append(i)
         return self._logits(h_BD)
+
+    def _seat(self, caches: list[KVCache], starts: list[int]) -> tuple[torch.Tensor, ...] | None:
+        """Seat a decode batch's caches in the pool: (slots, positions, mask) for
+        ``attend_pooled``, or None for the per-row path (no pool, one row, the pool full, or
+        more than half its span idle)."""
+        if self.pool is None or len(caches) < 2:
+            return None
+        slots = self.pool.seat(caches, 1)
+        if slots is None or max(slots) + 1 > 2 * len(slots):
+            return None
+        mask = self.pool.attention_mask(slots, [s + 1 for s in starts])
+        return torch.tensor(slots, device=self.device), torch.tensor(starts, device=self.device), mask
 
     def _logits(self, h_BD: torch.Tensor) -> torch.Tensor:
         h_BD = F.rms_norm(h_BD, h_BD.shape[-1:], self.norm, self.eps)
@@ -217,6 +242,7 @@ class NativeRunner:
         caches: list[KVCache],
         starts: list[int],
         lengths: list[int] | None = None,
+        seats: tuple[torch.Tensor, ...] | None = None,
     ) -> torch.Tensor:
         """Hidden states ``[T, D]`` for T tokens: ``lengths[j]`` consecutive tokens for each
         sequence ``caches[j]``, or (``lengths`` None) one token per sequence."""
@@ -227,14 +253,14 @@ class NativeRunner:
         few = len(ids) <= MAX_ROWS
         for i, layer in enumerate(self.layers):
             x_TD = F.rms_norm(h_TD, h_TD.shape[-1:], layer.in_norm, self.eps)
-            a_TD = self._attention(i, layer, x_TD, cos_T1D, sin_T1D, caches, starts, lengths)
+            a_TD = self._attention(i, layer, x_TD, cos_T1D, sin_T1D, caches, starts, lengths, seats)
             h_TD = h_TD + _project(layer, "o", a_TD, few)
             x_TD = F.rms_norm(h_TD, h_TD.shape[-1:], layer.post_norm, self.eps)
             gate, up = _project(layer, "gate_up", x_TD, few).chunk(2, dim=-1)
             h_TD = h_TD + _project(layer, "down", F.silu(gate) * up, few)
         return h_TD
 
-    def _attention(self, i, layer, x_TD, cos_T1D, sin_T1D, caches, starts, lengths) -> torch.Tensor:
+    def _attention(self, i, layer, x_TD, cos_T1D, sin_T1D, caches, starts, lengths, seats) -> torch.Tensor:
         T, H, KV, Dh = x_TD.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = _project(layer, "qkv", x_TD, T <= MAX_ROWS)
         v_TKD = qkv[:, (H + KV) * Dh :].view(T, KV, Dh)
@@ -260,6 +286,8 @@ class NativeRunner:
                 q, out = q_THD[at : at + n], out_THD[at : at + n]
                 attend_causal(q, cache.keys(i, start + n), cache.values(i, start + n), start, out)
                 at += n
+        elif seats is not None:  # one new token per sequence, the caches slots of one pool
+            attend_pooled(q_THD, torch.stack((k_TKD, v_TKD), 1), self.pool.kv[i], *seats, out_THD)
         elif self.padded_decode:  # one new token per sequence, the caches padded into a batch
             attend_padded(q_THD, torch.stack((k_TKD, v_TKD), 1), [c.kv[i] for c in caches], starts, out_THD)
         else:  # one new token per sequence, each attending over its own cache

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,6 +33,8 @@ class KVCache:
         self.kv = torch.empty((self.layers, 2, self.heads, 0, self.dim), dtype=dtype, device=device)
         self.by_layer = self.kv.unbind(0)  # per layer [k|v, heads, capacity, dim] views of ``kv``
         self.ids: list[int] = []
+        self.pool: Any = None  # the DecodePool whose slot ``kv`` is a view of (engine/pool.py)
+        self.slot = -1
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -45,14 +48,25 @@ class KVCache:
         need = len(self) + n
         if need <= self.kv.shape[3]:
             return
-        capacity = max(_MIN_CAPACITY, self.kv.shape[3])
+        if self.pool is not None and self.pool.grow(self.pool.slots, need):
+            return
+        self.own(need)
+
+    def own(self, need: int = 0) -> None:
+        """Move to storage of its own (out of a pool's slot), with room for ``need`` positions."""
+        capacity = max(_MIN_CAPACITY, self.kv.shape[3] if self.pool is None else len(self))
         while capacity < need:
             capacity *= 2
         grown = torch.empty(
             (self.layers, 2, self.heads, capacity, self.dim), dtype=self.dtype, device=self.device
         )
         grown[:, :, :, : len(self)] = self.kv[:, :, :, : len(self)]
-        self.kv, self.by_layer = grown, grown.unbind(0)
+        self.pool, self.slot = None, -1
+        self.adopt(grown)
+
+    def adopt(self, kv: torch.Tensor) -> None:
+        """Use ``kv`` (``[layers, k|v, heads, capacity, dim]``, holding this cache's positions)."""
+        self.kv, self.by_layer = kv, kv.unbind(0)
 
     def keys(self, layer: int, end: int) -> torch.Tensor:
         """``[heads, end, dim]`` view of the layer's keys at positions ``[0, end)``."""
