@@ -9,6 +9,7 @@ import typer
 
 from sage_rl.build import BuildError
 from sage_rl.eval.report import ReportError
+from sage_rl.eval.resume import ResumeError
 from sage_rl.runs.console import err, fail, load_or_exit
 from sage_rl.runs.eval import run_evaluation
 from sage_rl.settings import EvalRunConfig
@@ -18,12 +19,15 @@ def main(
     ctx: typer.Context,
     config: str = typer.Argument(None, help="YAML config (default: configs/eval.yaml)"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics object as JSON on stdout"),
+    resume: bool = typer.Option(
+        False, "--resume", help="continue the evaluation a stopped run left in out_dir (same settings)"
+    ),
 ) -> None:
     """Scenario-ordered evaluation. Overrides: key.sub=value (e.g. split=test_normal policy.kind=scripted)."""
     cfg = load_or_exit(EvalRunConfig, config, ctx.args, default="configs/eval.yaml")
     try:
-        result = run_evaluation(cfg)
-    except (BuildError, ReportError) as e:  # ReportError: the rest of the run folder was written
+        result = run_evaluation(cfg, resume=resume)
+    except (BuildError, ReportError, ResumeError) as e:  # ReportError: the rest of the run folder was written
         raise fail(str(e)) from None
     err.print(f"run folder: {cfg.out_dir}")
     if as_json:

@@ -196,13 +196,16 @@ def write_jsonl(path: Path, records: Iterable[Any]) -> None:
 
 class ChainLog:
     """``trajectories.<strategy>.jsonl`` written as chains finish: one line each, flushed, so what
-    finished is on disk whatever happens to the run later. Starts the file empty. A chain that
-    cannot be written is logged and skipped (the chains are written again, complete and in order,
-    by ``write_run``); it never stops the evaluation."""
+    finished is on disk whatever happens to the run later. Starts the file with the ``keep``
+    chains (a resumed evaluation's, read back from it), else empty. A chain that cannot be
+    written is logged and skipped (the chains are written again, complete and in order, by
+    ``write_run``); it never stops the evaluation."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, keep: Sequence[Chain] = ()) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path, self._file = path, open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        for chain in keep:
+            self.append(chain)
 
     def append(self, chain: Chain) -> None:
         try:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from pydantic import Field, field_validator
 from sage_rl.config import Section
 from sage_rl.eval.metrics import EvalMetrics, compute_metrics
 from sage_rl.eval.report import ChainLog
+from sage_rl.eval.resume import finished
 from sage_rl.rollout.chain import ChainRunner
 from sage_rl.skills.library import Library
 from sage_rl.skills.retrieval import STRATEGIES, make_retriever
@@ -72,6 +73,7 @@ async def run_eval(
     progress: Any = None,
     label: str = "",
     record_dir: Path | None = None,
+    resume: bool = False,
 ) -> EvalResult:
     """Evaluate ``runner``'s policy on ``cfg.split`` of its suite, once per retrieval strategy.
 
@@ -80,7 +82,8 @@ async def run_eval(
     ``record_dir`` is the run folder: each chain is appended to its
     ``trajectories.<strategy>.jsonl`` there as it finishes (``report.ChainLog``; ``write_run``
     later rewrites it in scenario order), and the suite keeps its own per-task outputs there
-    (``Suite.record_to``), one variant per strategy when there are several.
+    (``Suite.record_to``), one variant per strategy when there are several. ``resume``: the
+    scenarios whose chains that file already holds are read back, not run again (``resume.py``).
     """
     scenarios = scenarios_of(runner.suite.split(cfg.split))[: cfg.limit_scenarios]
     tasks = [t for s in scenarios for t in s]
@@ -88,11 +91,15 @@ async def run_eval(
     t0 = time.perf_counter()
     metrics, chains = {}, {}
     for strategy in cfg.strategies:
-        log = None
+        log, done = None, {}
         if record_dir is not None:
             runner.suite.record_to(record_dir, strategy if len(cfg.strategies) > 1 else None)
-            log = ChainLog(record_dir / f"trajectories.{strategy}.jsonl")
+            path = record_dir / f"trajectories.{strategy}.jsonl"
+            done = finished(path, scenarios) if resume else {}
+            log = ChainLog(path, keep=[done[i] for i in sorted(done)])
         job = progress.add_task(f"{label}{strategy}: scenarios", total=len(scenarios)) if progress else None
+        if progress is not None and done:
+            progress.advance(job, len(done))
 
         def on_done(chain: Chain, log: ChainLog | None = log, job: Any = job) -> None:
             if log is not None:
@@ -101,10 +108,10 @@ async def run_eval(
                 progress.advance(job)
 
         with log or contextlib.nullcontext():
-            done = await evaluate_chains(
-                with_strategy(runner, strategy), tasks, library, cfg.concurrency, on_done, step
+            ran = await evaluate_chains(
+                with_strategy(runner, strategy), tasks, library, cfg.concurrency, on_done, step, done
             )
-        chains[strategy], metrics[strategy] = done, compute_metrics(done)
+        chains[strategy], metrics[strategy] = ran, compute_metrics(ran)
     return EvalResult(metrics, chains, time.perf_counter() - t0)
 
 
@@ -142,13 +149,18 @@ async def evaluate_chains(
     concurrency: int | None = 4,
     on_done: Callable[[Chain], None] | None = None,
     step: int = 0,
+    done: Mapping[int, Chain] | None = None,
 ) -> list[Chain]:
     """Run every scenario of ``tasks`` as one chain starting from ``library``; results in order.
-    ``concurrency`` bounds the scenarios in flight (None: all at once)."""
+    ``concurrency`` bounds the scenarios in flight (None: all at once); ``done``: chains of
+    scenarios (by index) already run, taken as they are."""
     scenarios = scenarios_of(tasks)
+    done = done or {}
     sem = asyncio.Semaphore(concurrency or max(1, len(scenarios)))
 
     async def one(i: int, scenario: tuple[Task, ...]) -> Chain:
+        if i in done:
+            return done[i]
         async with sem:
             chain = await runner.run(scenario, library, group_index=i, chain_index=0, step=step)
         if on_done:

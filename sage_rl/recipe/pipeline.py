@@ -146,7 +146,7 @@ def evaluate(ev: EvalRunConfig) -> dict[str, Any]:
     saved = folder / "outcomes.json"
     if saved.is_file():
         return json.loads(saved.read_text())
-    result = run_evaluation(ev, title=f"{ev.split}: {ev.policy.model or 'base model'}")
+    result = run_evaluation(ev, title=f"{ev.split}: {ev.policy.model or 'base model'}", resume=True)
     strategy = next(iter(result.metrics))
     out = {
         "metrics": dataclasses.asdict(result.metrics[strategy]),

@@ -1,0 +1,88 @@
+"""An evaluation that continues where a stopped one left off.
+
+Chains are appended to ``trajectories.<strategy>.jsonl`` as they finish (``report.ChainLog``), so a
+killed evaluation leaves every finished scenario on disk. Resuming reads them back, runs only the
+scenarios that are missing, and reports on all of them: greedy evaluation runs each scenario as
+its own chain from the same start library, so a scenario's result does not depend on the run it
+was part of.
+
+A folder is resumed only by the evaluation that wrote it: its settings (``resume.json``, written
+when an evaluation starts; everything but the run folder and the amount of parallelism) must be
+the same, and every chain read back must be one of this evaluation's scenarios, task for task.
+Otherwise :class:`ResumeError` names the folder and what differs, and nothing is deleted. A line
+that does not parse (the one a kill cut short) is dropped and its scenario runs again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from sage_rl.types import Chain, Task
+
+log = logging.getLogger(__name__)
+
+SETTINGS = "resume.json"
+#: keys that change how fast an evaluation runs, not what it measures
+_OPERATIONAL = {"out_dir", "concurrency"}
+_POLICY_OPERATIONAL = {"threads", "max_batch", "cache_gib", "max_concurrency"}
+
+
+class ResumeError(Exception):
+    """A run folder that this evaluation cannot continue."""
+
+
+def settings_of(cfg: BaseModel) -> dict[str, Any]:
+    """What an evaluation measures: its config less the run folder and its parallelism."""
+    data = cfg.model_dump(mode="json")
+    out = {k: v for k, v in data.items() if k not in _OPERATIONAL}
+    if isinstance(out.get("policy"), dict):
+        out["policy"] = {k: v for k, v in out["policy"].items() if k not in _POLICY_OPERATIONAL}
+    return out
+
+
+def start(folder: Path, cfg: BaseModel, resume: bool) -> None:
+    """Record ``cfg``'s settings in ``folder`` (a new evaluation), or check them (``resume``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path, settings = folder / SETTINGS, settings_of(cfg)
+    if resume and path.is_file():
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ResumeError(f"{path}: unreadable ({type(e).__name__}: {e}); nothing was deleted") from None
+        if saved != settings:
+            keys = sorted(k for k in {*saved, *settings} if saved.get(k) != settings.get(k))
+            raise ResumeError(
+                f"{folder} holds an evaluation with other settings ({', '.join(keys)} differ, per {path}); "
+                "evaluate into another out_dir, or remove that folder"
+            )
+        return
+    path.write_text(json.dumps(settings, indent=1, sort_keys=True), encoding="utf-8")
+
+
+def finished(path: Path, scenarios: Sequence[tuple[Task, ...]]) -> dict[int, Chain]:
+    """{scenario index: its chain} for the chains of ``path`` (a streamed trajectories file)."""
+    if not path.is_file():
+        return {}
+    index = {tuple(t.task_id for t in s): i for i, s in enumerate(scenarios)}
+    found: dict[int, Chain] = {}
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                chain = Chain.from_dict(json.loads(line))
+            except (ValueError, KeyError, TypeError) as e:
+                log.warning("%s:%d: not a chain (%s); its scenario runs again", path, n, type(e).__name__)
+                continue
+            i = index.get(chain.task_ids)
+            if i is None:
+                raise ResumeError(
+                    f"{path}:{n}: tasks {', '.join(chain.task_ids)} are not a scenario of this evaluation; "
+                    "evaluate into another out_dir, or remove that folder"
+                )
+            found[i] = chain
+    return found
