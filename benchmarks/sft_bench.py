@@ -17,7 +17,11 @@ Modes, called round-robin so that a change of the machine's load hits each alike
   ``train/segments.py``);
 - ``shared_dense``: the same rows through the row's dense ``T x T`` mask (``optim.attention:
   dense``, what every mode did before issue 32): ``ratio_shared_vs_shared_dense`` is the segment
-  attention's gain.
+  attention's gain;
+- ``shared_lora``: ``shared`` through LoRA adapters (the recipe's ``sft.lora`` defaults: r 16,
+  alpha 32, all linear layers): no weight gradients for the frozen layers and AdamW over the
+  adapters only; ``ratio_shared_lora_vs_shared`` is its gain per step (what it does to the model
+  is not measured here).
 
 ``padding`` and ``packing`` run with segment attention too (one example, or several without a head).
 
@@ -40,8 +44,10 @@ import torch
 
 from sage_rl.agent.render import ChatRenderer
 from sage_rl.data.records import read_jsonl
+from sage_rl.train.lora import with_lora
 from sage_rl.train.optim import build_optimizer, optimizer_step
 from sage_rl.train.sft import forward_loss_sum
+from sage_rl.train.sft_config import SFTLora
 from sage_rl.train.sft_data import Encoded, collate, encode_example, fit_length, make_rows
 
 MODES = {
@@ -49,6 +55,7 @@ MODES = {
     "packing": (True, False, "segments"),
     "shared": (True, True, "segments"),
     "shared_dense": (True, True, "dense"),
+    "shared_lora": (True, True, "segments"),
 }
 
 
@@ -91,7 +98,10 @@ def main() -> None:
     for mode in a.modes:
         packing, share, attention = MODES[mode]
         rows = make_rows(encoded, packing, a.max_length, share)
-        fns[mode], row_tokens = step_fn(copy.deepcopy(model), rows, share, pad_id, attention)
+        copied = copy.deepcopy(model)
+        if mode.endswith("_lora"):
+            copied = with_lora(copied, SFTLora(enabled=True).adapters())
+        fns[mode], row_tokens = step_fn(copied, rows, share, pad_id, attention)
         out[mode] = {"rows": len(rows), "row_tokens": row_tokens}
     load0 = os.getloadavg()[0]
     for _ in range(a.warmup):
@@ -119,6 +129,10 @@ def main() -> None:
         "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)],
         **out,
     }
+    if "shared_lora" in fns and "shared" in fns:
+        result["ratio_shared_lora_vs_shared"] = (
+            out["shared_lora"]["tokens_per_s"] / out["shared"]["tokens_per_s"]
+        )
     for base in ("packing", "padding", "shared_dense"):
         if base in fns and "shared" in fns:
             result[f"ratio_shared_vs_{base}"] = out["shared"]["tokens_per_s"] / out[base]["tokens_per_s"]
