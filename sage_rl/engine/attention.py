@@ -53,19 +53,19 @@ def attend_padded(q_BHD, kv_B2KD, layer_kv: list[torch.Tensor], starts: list[int
     out_BHD.copy_(o_BKGD.reshape(B, H, Dh))
 
 
-def attend_pooled(q_BHD, new_B2KD, pool_2SKCD, slots_B, pos_B, mask_S1L, out_BHD) -> None:
+def attend_pooled(q_BHD, new_B2KD, pool_2SKCD, slots_B, pos_B, mask_S1L, in_order, out_BHD) -> None:
     """Attention of one new token per row, the rows' caches being slots of one pool
     (``engine/pool.py``; ``pool_2SKCD``: this layer's ``[k|v, slots, KV, capacity, Dh]``): one
     indexed write of the new keys and values (row b's at slot ``slots_B[b]``, position
     ``pos_B[b]``), then one batched product over the first ``S`` slots, masked by ``mask_S1L``
-    (``DecodePool.attention_mask``). ``q`` is pre-scaled."""
+    (``DecodePool.attention_mask``); ``in_order``: row b sits in slot b (no reordering of
+    ``q`` and the output). ``q`` is pre-scaled."""
     B, H, Dh = q_BHD.shape
     S, L = mask_S1L.shape[0], mask_S1L.shape[2]
     KV = pool_2SKCD.shape[2]
     pool_2SKCD[:, slots_B, :, pos_B] = new_B2KD
     k_NLD = pool_2SKCD[0, :S].flatten(0, 1)[:, :L]
     v_NLD = pool_2SKCD[1, :S].flatten(0, 1)[:, :L]
-    in_order = S == B and bool((slots_B == torch.arange(B, device=slots_B.device)).all())
     q_SHD = q_BHD if in_order else q_BHD.new_zeros(S, H, Dh).index_copy_(0, slots_B, q_BHD)
     s_NGL = torch.bmm(q_SHD.reshape(S * KV, H // KV, Dh), k_NLD.transpose(1, 2))
     s_NGL.view(S, H, L).masked_fill_(mask_S1L, float("-inf"))

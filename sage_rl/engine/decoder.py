@@ -218,8 +218,8 @@ class NativeRunner:
         return self._logits(h_BD)
 
     def _seat(self, caches: list[KVCache], starts: list[int]) -> tuple[torch.Tensor, ...] | None:
-        """Seat a decode batch's caches in the pool: (slots, positions, mask) for
-        ``attend_pooled``, or None for the per-row path (no pool, one row, the pool full, or
+        """Seat a decode batch's caches in the pool: (slots, positions, mask, whether row b sits
+        in slot b) for ``attend_pooled``, or None for the per-row path (no pool, one row, the pool full, or
         more than half its span idle)."""
         if self.pool is None or len(caches) < 2:
             return None
@@ -227,7 +227,13 @@ class NativeRunner:
         if slots is None or max(slots) + 1 > 2 * len(slots):
             return None
         mask = self.pool.attention_mask(slots, [s + 1 for s in starts])
-        return torch.tensor(slots, device=self.device), torch.tensor(starts, device=self.device), mask
+        in_order = slots == list(range(len(slots)))  # row b in slot b: no reordering of q and out
+        return (
+            torch.tensor(slots, device=self.device),
+            torch.tensor(starts, device=self.device),
+            mask,
+            in_order,
+        )
 
     def _logits(self, h_BD: torch.Tensor) -> torch.Tensor:
         h_BD = F.rms_norm(h_BD, h_BD.shape[-1:], self.norm, self.eps)
