@@ -8,7 +8,7 @@ import json
 import pytest
 
 from sage_rl.config import load_config
-from sage_rl.eval.resume import SETTINGS, ResumeError
+from sage_rl.eval.resume import SETTINGS, ResumeError, start
 from sage_rl.rollout.chain import ChainRunner
 from sage_rl.runs.eval import run_evaluation
 from sage_rl.settings import EvalRunConfig
@@ -85,10 +85,18 @@ def test_a_folder_of_other_settings_is_refused_and_kept(tmp_path, ran):
     )
 
 
+def test_trajectories_without_their_settings_are_refused(tmp_path, ran):
+    run_evaluation(_cfg(tmp_path))
+    (tmp_path / SETTINGS).unlink()
+    with pytest.raises(ResumeError, match="cannot be checked"):
+        run_evaluation(_cfg(tmp_path), resume=True)
+    assert (tmp_path / "trajectories.same_scenario.jsonl").is_file()
+
+
 def test_chains_of_other_tasks_are_refused(tmp_path, ran):
     run_evaluation(_cfg(tmp_path / "dev"))
     other = tmp_path / "other"
-    other.mkdir()
+    start(other, _cfg(other, "split=train_heldout"), resume=False)  # its settings, someone else's chain
     foreign = _lines(tmp_path / "dev" / "trajectories.same_scenario.jsonl")[0]
     (other / "trajectories.same_scenario.jsonl").write_text(foreign + "\n")
     with pytest.raises(ResumeError, match="not a scenario of this evaluation"):

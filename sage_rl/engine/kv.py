@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from sage_rl.engine.pool import DecodePool
 
 _MIN_CAPACITY = 256
 
@@ -33,7 +36,7 @@ class KVCache:
         self.kv = torch.empty((self.layers, 2, self.heads, 0, self.dim), dtype=dtype, device=device)
         self.by_layer = self.kv.unbind(0)  # per layer [k|v, heads, capacity, dim] views of ``kv``
         self.ids: list[int] = []
-        self.pool: Any = None  # the DecodePool whose slot ``kv`` is a view of (engine/pool.py)
+        self.pool: DecodePool | None = None  # the pool whose slot ``kv`` is a view of (engine/pool.py)
         self.slot = -1
 
     def __len__(self) -> int:

@@ -62,7 +62,7 @@ class DecodePool:
         self._calls += 1
         if len(caches) > MAX_SLOTS:
             return None
-        slots = [c.slot if c.pool is self and self.member(c.slot) is c else None for c in caches]
+        slots = [c.slot if c.pool is self else None for c in caches]  # seated ones keep their slot
         taken = {s for s in slots if s is not None}
         free = [s for s in range(self.slots) if s not in taken and self.member(s) is None]
         newcomers = sum(s is None for s in slots)

@@ -8,7 +8,8 @@ was part of.
 
 A folder is resumed only by the evaluation that wrote it: its settings (``resume.json``, written
 when an evaluation starts; everything but the run folder and the amount of parallelism) must be
-the same, and every chain read back must be one of this evaluation's scenarios, task for task.
+the same (a folder with trajectories and no ``resume.json`` cannot be checked, and is refused), and
+every chain read back must be one of this evaluation's scenarios, task for task.
 Otherwise :class:`ResumeError` names the folder and what differs, and nothing is deleted. A line
 that does not parse (the one a kill cut short) is dropped and its scenario runs again.
 """
@@ -50,6 +51,11 @@ def start(folder: Path, cfg: BaseModel, resume: bool) -> None:
     """Record ``cfg``'s settings in ``folder`` (a new evaluation), or check them (``resume``)."""
     folder.mkdir(parents=True, exist_ok=True)
     path, settings = folder / SETTINGS, settings_of(cfg)
+    if resume and not path.is_file() and any(folder.glob("trajectories.*.jsonl")):
+        raise ResumeError(
+            f"{folder} holds trajectories but no {SETTINGS}: written by an evaluation whose settings "
+            "cannot be checked; evaluate into another out_dir, or remove that folder"
+        )
     if resume and path.is_file():
         try:
             saved = json.loads(path.read_text(encoding="utf-8"))
