@@ -250,14 +250,15 @@ POLICY_DTYPES = {"": None, "fp32": "float32", "bf16": "bfloat16"}
 
 def policy_variant(system: str) -> dict:
     """``policy[_fp32|_bf16][_t<N>|_auto][_unpacked][_rows]`` -> TransformersPolicy keyword arguments
-    (the defaults where the name says nothing; ``unpacked`` and ``rows`` are applied to the built
-    policy's runner)."""
+    (the defaults where the name says nothing)."""
     kwargs: dict = {}
     parts = system.split("_")[1:]
     for part in parts:
-        if part in ("unpacked", "rows"):
-            continue
-        if part in POLICY_DTYPES:
+        if part == "unpacked":  # the BLAS product at every row count
+            kwargs["column_blocks"] = False
+        elif part == "rows":  # each row's attention over its own cache
+            kwargs["decode_pool"] = False
+        elif part in POLICY_DTYPES:
             kwargs["dtype"] = POLICY_DTYPES[part]
         elif part == "auto":
             kwargs["threads"] = "auto"
@@ -328,11 +329,6 @@ def main() -> None:
                 if system.startswith("policy"):
                     kwargs = policy_variant(system)
                     policy = TransformersPolicy(model, tok, max_batch=args.episodes, stop_ids=(), **kwargs)
-                    if "_unpacked" in system:  # the BLAS product at every row count
-                        policy.engine.runner.packed = False
-                        policy.engine.runner.refresh()
-                    if "_rows" in system:  # each row's attention over its own cache
-                        policy.engine.runner.pool = None
                     timer = DecodeTimer(policy.engine.runner, args.episodes)
                     entry = _timed(lambda p=policy: run_policy(p, prompts, obs, args), busy)
                     entry["settings"] = {

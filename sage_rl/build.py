@@ -125,6 +125,8 @@ def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
         dtype=p.dtype,
         cache_bytes=int(p.cache_gib * 2**30),
         threads=p.threads or "auto",  # null: sampling gives up the cores other processes use
+        column_blocks=p.column_blocks,
+        decode_pool=p.decode_pool,
     )
 
 

@@ -54,6 +54,11 @@ class PolicyConfig(Section):
         "(null = torch's default, one per core, and sampling drops to the cores other processes "
         "leave free, measured each step: docs/policies.md); 1 where processes share the cores",
     )
+    #: transformers on CPU: the engine's few-row products through column blocks of the weights
+    #: (engine/packed.py; a second copy of them) and its decode pool (engine/pool.py; the decode
+    #: batch's caches in one tensor). null = where they pay (docs/policies.md); false = off.
+    column_blocks: bool | None = None
+    decode_pool: bool | None = None
     expert_seed: int = 0  # scripted: seed of its variation in names and doc lookups
 
 

@@ -128,3 +128,18 @@ def test_a_dropped_cache_frees_its_slot():
         runner.prefill(newcomer, [7, 8])
         runner.decode([*caches, newcomer], [1, 2, 3])
         assert newcomer.slot == gone and runner.pool.slots == 3
+
+
+@pytest.mark.parametrize("overrides", [[], ["policy.column_blocks=false", "policy.decode_pool=false"]])
+def test_the_policy_config_turns_the_pool_and_the_column_blocks_off(tiny, monkeypatch, overrides):
+    from sage_rl import build
+    from sage_rl.config import load_config
+    from sage_rl.engine import packed
+    from sage_rl.settings import RunConfig
+
+    monkeypatch.setattr(packed, "available_bytes", lambda: 1 << 40)  # room for the blocks' copy
+    cfg = load_config(RunConfig, None, overrides)
+    policy = build.build_policy(cfg, *tiny)
+    runner = policy.engine.runner
+    on = not overrides  # null: where they pay, which a float32 model on a CPU is
+    assert runner.packed is on and (runner.pool is not None) is on

@@ -389,9 +389,12 @@ def _probe_cache_shape(model: Any) -> tuple[int, int, int]:
     return len(layers), heads, dim
 
 
-def make_runner(model: Any, dtype: torch.dtype | None) -> NativeRunner | HFRunner:
-    """The native runner where it applies, else the transformers one (which keeps the model's
-    dtype: converting a whole foreign model is not worth its memory)."""
+def make_runner(
+    model: Any, dtype: torch.dtype | None, packed: bool | None = None, pooled: bool | None = None
+) -> NativeRunner | HFRunner:
+    """The native runner where it applies (``packed``, ``pooled``: its column blocks and decode
+    pool, None = where they pay), else the transformers one (which keeps the model's dtype:
+    converting a whole foreign model is not worth its memory)."""
     if native_unsupported(model) is None:
-        return NativeRunner(model, dtype)
+        return NativeRunner(model, dtype, packed, pooled)
     return HFRunner(model)

@@ -59,7 +59,8 @@ class Engine:
     """Continuous batching over a causal LM (see the module docstring).
 
     ``dtype``: the compute dtype (None = the model's own); ``cache_bytes``: memory for the
-    caches kept between turns (least recently used dropped first).
+    caches kept between turns (least recently used dropped first); ``packed``, ``pooled``: the
+    native runner's few-row column blocks and CPU decode pool (None = where they pay).
     """
 
     def __init__(
@@ -68,8 +69,10 @@ class Engine:
         stop_ids: Sequence[int],
         dtype: torch.dtype | None = None,
         cache_bytes: int = 2 << 30,
+        packed: bool | None = None,
+        pooled: bool | None = None,
     ) -> None:
-        self.runner = make_runner(model, dtype)
+        self.runner = make_runner(model, dtype, packed, pooled)
         self.stop_ids = frozenset(stop_ids)
         self.store = PrefixStore(cache_bytes)
         self.rows: list[Row] = []

@@ -365,10 +365,14 @@ def make_engine(
     cache_bytes: int,
     max_batch: int,
     engine: str | PagedOptions = "auto",
+    packed: bool | None = None,
+    pooled: bool | None = None,
 ) -> Any:
     """The engine for ``model``: ``"per_sequence"`` (``engine.Engine``, the CPU path), ``"paged"``
     or a :class:`PagedOptions` (:class:`PagedEngine`), ``"auto"`` = paged for a model on CUDA that
-    the paged runner supports, else per-sequence."""
+    the paged runner supports, else per-sequence. ``packed``, ``pooled``: the per-sequence
+    engine's column blocks and decode pool (None = where they pay; the paged engine has its own
+    store and uses neither)."""
     from sage_rl.engine.cuda_step import paged_unsupported
     from sage_rl.engine.engine import Engine
 
@@ -379,4 +383,4 @@ def make_engine(
     on_cuda = next(model.parameters()).device.type == "cuda"
     if engine == "paged" or (engine == "auto" and on_cuda and paged_unsupported(model) is None):
         return PagedEngine(model, stop_ids, dtype, cache_bytes, max_batch)
-    return Engine(model, stop_ids, dtype, cache_bytes)
+    return Engine(model, stop_ids, dtype, cache_bytes, packed, pooled)

@@ -130,7 +130,9 @@ class TransformersPolicy:
     using, measured at each step; ``sage_rl/engine/threads.py``); the process's count is restored
     when sampling goes idle. ``engine``: ``"auto"`` (the paged engine, ``engine/paged_engine.py``,
     for a model on CUDA; else the per-sequence one), ``"per_sequence"``, ``"paged"`` or a
-    ``PagedOptions``.
+    ``PagedOptions``. ``column_blocks``, ``decode_pool``: the per-sequence engine's few-row
+    products (``engine/packed.py``) and CPU decode pool (``engine/pool.py``); None = where they pay,
+    False = off (the same tokens up to float rounding; slower where they pay).
     """
 
     def __init__(
@@ -146,6 +148,8 @@ class TransformersPolicy:
         cache_bytes: int = 2 << 30,
         threads: int | str | None = "auto",
         engine: str | Any = "auto",
+        column_blocks: bool | None = None,
+        decode_pool: bool | None = None,
     ) -> None:
         from sage_rl.agent.render import ChatRenderer
 
@@ -160,7 +164,9 @@ class TransformersPolicy:
         self.threads = ThreadPolicy(threads)
         with torch.inference_mode():
             # "auto": the paged engine (device-resident store, CUDA graphs) on CUDA, else Engine
-            self.engine = make_engine(model, self.stop_ids, self.dtype, cache_bytes, max_batch, engine)
+            self.engine = make_engine(
+                model, self.stop_ids, self.dtype, cache_bytes, max_batch, engine, column_blocks, decode_pool
+            )
         self._streams: dict[int | None, random.Random] = {}
         self._pending: list[_Pending] = []
         self._lock = threading.Lock()  # guards _pending and _running (event loop vs sampling thread)
