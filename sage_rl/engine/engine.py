@@ -1,6 +1,6 @@
 """The sampling engine: a continuous batch of sequences over per-sequence KV caches.
 
-Used by one thread at a time (the policy's sampling thread). Each call is one scheduler step:
+Used by one thread at a time (the policy's sampling task). Each call is one scheduler step:
 :meth:`Engine.admit` prefills new requests (each reusing the longest cached prefix of its prompt,
 see ``kv.py``) and draws their first tokens; :meth:`Engine.step` feeds every row its last token
 and draws the next; :meth:`Engine.pop_finished` removes the rows that stopped and keeps their

@@ -16,7 +16,7 @@ sequence never sees another's writes. Page 0 is never handed out: rows that only
 captured size write and read there.
 
 Host-side bookkeeping only (lists of ints); the one device operation is the copy of a page
-(:meth:`PageStore.copy_page`). Not thread-safe: used by the sampling thread alone.
+(:meth:`PageStore.copy_page`). Not thread-safe: used by the sampling task alone.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How many torch threads the sampling thread uses: a fixed count, or "auto", which gives up cores
+"""How many torch threads sampling uses (the policy's sampling task, on the event loop's thread): a fixed count, or "auto", which gives up cores
 that other processes are using.
 
 Why: a decode step is a thousand small operations, each an OpenMP parallel region whose threads
@@ -87,7 +87,7 @@ def pick_threads(
 
 
 class ThreadPolicy:
-    """Sets torch's thread count for the sampling thread (see the module docstring).
+    """Sets torch's thread count while sampling (see the module docstring).
 
     ``start()`` when sampling starts (remembers the process's count), ``step()`` before each
     scheduler step (returns the count it runs with), ``stop()`` when sampling goes idle (restores

@@ -1,10 +1,11 @@
 """A local transformers model as a ``Policy``: continuous batching, exact token ids and logprobs.
 
-Concurrent ``generate`` calls are queued. A sampling thread (so the event loop keeps running
-sandboxes and environments meanwhile) keeps a batch of up to ``max_batch`` sequences in flight
-(``sage_rl.engine``): between two decode steps it admits queued requests, and each sequence leaves
-as soon as it stops on a stop id or on its ``max_tokens``. When the thread starts from idle it
-first waits ``batch_wait_s`` so that requests made together start together.
+Concurrent ``generate`` calls are queued. A sampling task on the event loop keeps a batch of up to
+``max_batch`` sequences in flight (``sage_rl.engine``): between two decode steps it admits queued
+requests, and each sequence leaves as soon as it stops on a stop id or on its ``max_tokens``; after
+each step it yields to the other coroutines (agents, sandboxes, environments), whose processes run
+meanwhile. When the task starts from idle it first waits ``batch_wait_s`` so that requests made
+together start together.
 
 KV caches are kept between turns. A request reuses the cached sequence sharing the longest prefix
 with its ``prompt_ids``: the next turn of an episode prefills only its new observation tokens, and
@@ -18,7 +19,7 @@ samples come from the current weights (on-policy). At the next admission the eng
 (a ``dtype`` other than the model's keeps a converted copy, refreshed then) and drops its caches.
 Nothing watches the parameters: a caller that changes them and does not say so samples from stale
 caches. ``torch.inference_mode``
-wraps only sampling, and the model's train/eval mode is restored when the thread goes idle.
+wraps only the scheduler steps, and the model's train/eval mode is restored when sampling goes idle.
 
 Precision: ``dtype`` is the compute dtype of sampling (None = the model's own, e.g. float32;
 ``"bfloat16"``; ``"auto"`` = bfloat16 where the hardware computes it natively, i.e. a CPU with
@@ -169,8 +170,9 @@ class TransformersPolicy:
             )
         self._streams: dict[int | None, random.Random] = {}
         self._pending: list[_Pending] = []
-        self._lock = threading.Lock()  # guards _pending and _running (event loop vs sampling thread)
+        self._lock = threading.Lock()  # guards _pending and _running (callers on other event loops)
         self._running = False
+        self._server: asyncio.Task | None = None  # the sampling task (held: a task is weakly referenced)
 
     @property
     def stats(self) -> EngineStats:
@@ -199,8 +201,8 @@ class TransformersPolicy:
             except asyncio.CancelledError:
                 future.cancel()  # so that this request is not sampled
                 raise
-            finally:  # even if this caller is cancelled meanwhile: the others need the thread
-                threading.Thread(target=self._serve, name="sage-rl-sampler", daemon=True).start()
+            finally:  # even if this caller is cancelled meanwhile: the others need the server
+                self._server = asyncio.get_running_loop().create_task(self._serve())
         return await future
 
     async def complete(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> Completion:
@@ -213,24 +215,31 @@ class TransformersPolicy:
             stream = self._streams[seed] = random.Random(seed)
         return stream.getrandbits(63)
 
-    # ---------------------------------------------------------------- sampling thread
-    def _serve(self) -> None:
+    # ---------------------------------------------------------------- the sampling task
+    async def _serve(self) -> None:
+        """Scheduler steps on the event loop's thread, yielding to the other coroutines (the
+        agents: parsing, sandboxes) after each. Not on a thread of its own: with GNU OpenMP (torch's
+        CPU build) a second thread that runs parallel regions gets its own team of workers, and once
+        the process's workers outnumber the cores, every worker stops spinning between regions and
+        sleeps, so each of a decode step's ~1,500 regions pays a wake-up: a step of 8 rows took
+        1.3x as long on a sampling thread as on the main thread (docs/LOG.md, seventh session)."""
         was_training = self.model.training
         self.model.eval()
         self.threads.start()
         try:
-            with torch.inference_mode():
-                stopped = False
-                while not stopped:
-                    count = self.threads.step()
-                    steps = self.engine.stats.thread_steps
-                    steps[count] = steps.get(count, 0) + 1
+            stopped = False
+            while not stopped:
+                count = self.threads.step()
+                steps = self.engine.stats.thread_steps
+                steps[count] = steps.get(count, 0) + 1
+                with torch.inference_mode():  # only around the step: other coroutines run between
                     results = self._advance(self._take(self.max_batch - len(self.engine.rows)))
-                    # Stop (restoring the model's mode) *before* handing out the last results, so
-                    # that nothing touches the model once its callers have their answers.
-                    stopped = not self.engine.rows and self._stop_if_idle(was_training)
-                    for future, outcome in results:
-                        _resolve(future, outcome)
+                # Stop (restoring the model's mode) *before* handing out the last results, so
+                # that nothing touches the model once its callers have their answers.
+                stopped = not self.engine.rows and self._stop_if_idle(was_training)
+                for future, outcome in results:
+                    _resolve(future, outcome)
+                await asyncio.sleep(0)
         except BaseException:
             with self._lock:
                 self.threads.stop()
@@ -295,7 +304,7 @@ class TransformersPolicy:
 
 
 def _resolve(future: asyncio.Future[Completion], outcome: Completion | BaseException) -> None:
-    """Settle a future from the sampling thread, on its own event loop's thread."""
+    """Settle a future on its own event loop's thread (a caller may run another loop)."""
 
     def settle() -> None:
         if future.done():  # its caller was cancelled
