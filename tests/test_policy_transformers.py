@@ -191,3 +191,45 @@ def test_cancelled_requests_are_not_sampled(tiny, prompts):
     assert isinstance(cancelled, asyncio.CancelledError)
     assert len(second.token_ids) == len(third.token_ids) == 12
     assert policy.stats.max_rows == 2 and policy.stats.steps == 12  # one prefill + 11 decode steps
+
+
+def test_decode_steps_run_on_the_loops_thread_and_prefills_leave_the_loop_free(tiny, prompts):
+    """Decode steps on the event loop's thread (a second thread's OpenMP team made every step
+    1.3x slower); an admission's prefill on a thread of its own, so that the loop (the sandboxes'
+    replies and timers) keeps running through it."""
+    import threading
+    import time
+
+    policy = TransformersPolicy(*tiny)
+    engine, seen = policy.engine, {"admit": set(), "step": set()}
+    admit, step = engine.admit, engine.step
+
+    def slow_admit(requests):  # a prefill of seconds, as 16 long prompts at one thread take
+        seen["admit"].add(threading.get_ident())
+        time.sleep(0.3)
+        admit(requests)
+
+    def step_here():
+        seen["step"].add(threading.get_ident())
+        step()
+
+    engine.admit, engine.step = slow_admit, step_here
+
+    async def go():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        beat = asyncio.create_task(ticker())
+        out = await policy.generate(_req(prompts[0], GREEDY))
+        beat.cancel()
+        return out, ticks, threading.get_ident()
+
+    out, ticks, loop_thread = asyncio.run(go())
+    assert len(out.token_ids) == 12
+    assert seen["step"] == {loop_thread} and loop_thread not in seen["admit"]
+    assert ticks >= 10  # the loop ran through the 0.3 s prefill (blocked, it would tick ~once)

@@ -4,7 +4,8 @@ Concurrent ``generate`` calls are queued. A sampling task on the event loop keep
 ``max_batch`` sequences in flight (``sage_rl.engine``): between two decode steps it admits queued
 requests, and each sequence leaves as soon as it stops on a stop id or on its ``max_tokens``; after
 each step it yields to the other coroutines (agents, sandboxes, environments), whose processes run
-meanwhile. When the task starts from idle it first waits ``batch_wait_s`` so that requests made
+meanwhile; an admission (a prefill, which can take seconds) runs on a short-lived thread so that the
+loop keeps reading the sandboxes' replies through it. When the task starts from idle it first waits ``batch_wait_s`` so that requests made
 together start together.
 
 KV caches are kept between turns. A request reuses the cached sequence sharing the longest prefix
@@ -232,8 +233,12 @@ class TransformersPolicy:
                 count = self.threads.step()
                 steps = self.engine.stats.thread_steps
                 steps[count] = steps.get(count, 0) + 1
-                with torch.inference_mode():  # only around the step: other coroutines run between
-                    results = self._advance(self._take(self.max_batch - len(self.engine.rows)))
+                new = self._take(self.max_batch - len(self.engine.rows))
+                if new:  # a prefill (seconds): off the loop, whose timers must not wait for it
+                    results = await self._off_loop(new, count)
+                else:
+                    with torch.inference_mode():  # only around the step: others run in between
+                        results = self._advance(new)
                 # Stop (restoring the model's mode) *before* handing out the last results, so
                 # that nothing touches the model once its callers have their answers.
                 stopped = not self.engine.rows and self._stop_if_idle(was_training)
@@ -245,6 +250,36 @@ class TransformersPolicy:
                 self.threads.stop()
                 self.model.train(was_training)
                 self._running = False
+            raise
+
+    async def _off_loop(self, new: list[_Pending], threads: int) -> list[tuple[asyncio.Future, Any]]:
+        """``_advance(new)`` on a thread that ends with it. An admission prefills whole prompts
+        (seconds at 1 thread for 16 rows of ~900 tokens), and a loop blocked that long would read a
+        sandbox's reply after its timer ran out (a spurious timeout, a killed worker). The thread
+        ends, and its OpenMP team with it, so the decode steps after it run at full speed."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def settle(outcome: Any, failed: bool) -> None:
+            if not done.done():
+                (done.set_exception if failed else done.set_result)(outcome)
+
+        def run() -> None:
+            torch.set_num_threads(threads)
+            try:
+                with torch.inference_mode():
+                    out, failed = self._advance(new), False
+            except BaseException as e:  # noqa: BLE001 - handed to the loop, raised there
+                out, failed = e, True
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                loop.call_soon_threadsafe(settle, out, failed)
+
+        worker = threading.Thread(target=run, name="sage-rl-prefill", daemon=True)
+        worker.start()
+        try:
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:
+            worker.join()  # the engine is never used by two threads at once
             raise
 
     def _take(self, room: int) -> list[_Pending]:
