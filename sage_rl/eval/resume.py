@@ -31,9 +31,7 @@ log = logging.getLogger(__name__)
 SETTINGS = "resume.json"
 #: keys that change how fast an evaluation runs, not what it measures
 _OPERATIONAL = {"out_dir", "concurrency"}
-_POLICY_OPERATIONAL = {
-    "threads", "max_batch", "cache_gib", "max_concurrency", "column_blocks", "decode_pool"
-}
+_POLICY_OPERATIONAL = {"threads", "max_batch", "cache_gib", "max_concurrency", "column_blocks", "decode_pool"}
 
 
 class ResumeError(Exception):

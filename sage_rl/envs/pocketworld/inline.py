@@ -56,10 +56,12 @@ class _Inliner:
 
     def statement(self, stmt: ast.stmt) -> list[ast.stmt]:
         """``stmt`` with its skill calls hoisted and inlined before it (nested blocks recursively)."""
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            if self._is_skill_call(stmt.value):  # name = f(...): the body assigns the name itself
-                pre = self._hoist_args(stmt.value)
-                return pre + self.expand(stmt.value, stmt.targets[0].id)
+        one_name = (
+            isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+        )
+        if one_name and self._is_skill_call(stmt.value):  # name = f(...): the body assigns the name itself
+            pre = self._hoist_args(stmt.value)
+            return pre + self.expand(stmt.value, stmt.targets[0].id)
         if isinstance(stmt, ast.Expr) and self._is_skill_call(stmt.value):
             pre = self._hoist_args(stmt.value)
             return pre + self.expand(stmt.value, None)  # the value is discarded
@@ -203,7 +205,9 @@ def _refuse_lazy(node: ast.AST, is_skill_call) -> None:
             lazy = [parent.body]
         elif isinstance(parent, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
             elts = [parent.key, parent.value] if isinstance(parent, ast.DictComp) else [parent.elt]
-            lazy = elts + [c for g in parent.generators for c in g.ifs] + [g.iter for g in parent.generators[1:]]
+            lazy = (
+                elts + [c for g in parent.generators for c in g.ifs] + [g.iter for g in parent.generators[1:]]
+            )
         elif isinstance(parent, ast.BoolOp):
             lazy = parent.values[1:]
         elif isinstance(parent, ast.IfExp):
@@ -234,7 +238,9 @@ def _bind(fn: ast.FunctionDef, call: ast.Call) -> list[tuple[str, ast.expr]]:
             raise NotInlinable(f"{fn.name}: missing argument {name}")
         out.append((name, value))
     if a.kwarg:
-        out.append((a.kwarg.arg, ast.Dict(keys=[ast.Constant(k) for k in extra], values=list(extra.values()))))
+        out.append(
+            (a.kwarg.arg, ast.Dict(keys=[ast.Constant(k) for k in extra], values=list(extra.values())))
+        )
     return out
 
 
@@ -247,7 +253,11 @@ def _free_builtins(fn: ast.FunctionDef) -> set[str]:
 
 
 def _fresh(base: str, taken: set[str]) -> str:
-    return base if base not in taken else next(f"{base}_{i}" for i in itertools.count(2) if f"{base}_{i}" not in taken)
+    return (
+        base
+        if base not in taken
+        else next(f"{base}_{i}" for i in itertools.count(2) if f"{base}_{i}" not in taken)
+    )
 
 
 def _result(target: str | None, value: ast.expr) -> list[ast.stmt]:
@@ -262,4 +272,8 @@ def _assign(name: str, value: ast.expr) -> ast.Assign:
 
 
 def _is_docstring(stmt: ast.stmt) -> bool:
-    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Constant)
+        and isinstance(stmt.value.value, str)
+    )
