@@ -5,8 +5,8 @@ Concurrent ``generate`` calls are queued. A sampling task on the event loop keep
 requests, and each sequence leaves as soon as it stops on a stop id or on its ``max_tokens``; after
 each step it yields to the other coroutines (agents, sandboxes, environments), whose processes run
 meanwhile; an admission (a prefill, which can take seconds) runs on a short-lived thread so that the
-loop keeps reading the sandboxes' replies through it. When the task starts from idle it first waits ``batch_wait_s`` so that requests made
-together start together.
+loop keeps reading the sandboxes' replies through it. When the task starts from idle it first waits
+``batch_wait_s`` so that requests made together start together.
 
 KV caches are kept between turns. A request reuses the cached sequence sharing the longest prefix
 with its ``prompt_ids``: the next turn of an episode prefills only its new observation tokens, and
@@ -45,6 +45,7 @@ different samples, and a rerun that submits the same requests in the same order 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import os
@@ -257,27 +258,20 @@ class TransformersPolicy:
         (seconds at 1 thread for 16 rows of ~900 tokens), and a loop blocked that long would read a
         sandbox's reply after its timer ran out (a spurious timeout, a killed worker). The thread
         ends, and its OpenMP team with it, so the decode steps after it run at full speed."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future = loop.create_future()
-
-        def settle(outcome: Any, failed: bool) -> None:
-            if not done.done():
-                (done.set_exception if failed else done.set_result)(outcome)
+        done: concurrent.futures.Future = concurrent.futures.Future()
 
         def run() -> None:
             torch.set_num_threads(threads)
             try:
                 with torch.inference_mode():
-                    out, failed = self._advance(new), False
+                    done.set_result(self._advance(new))
             except BaseException as e:  # noqa: BLE001 - handed to the loop, raised there
-                out, failed = e, True
-            with contextlib.suppress(RuntimeError):  # the loop has closed
-                loop.call_soon_threadsafe(settle, out, failed)
+                done.set_exception(e)
 
         worker = threading.Thread(target=run, name="sage-rl-prefill", daemon=True)
         worker.start()
         try:
-            return await asyncio.shield(done)
+            return await asyncio.shield(asyncio.wrap_future(done))
         except asyncio.CancelledError:
             worker.join()  # the engine is never used by two threads at once
             raise
