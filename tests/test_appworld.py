@@ -189,6 +189,38 @@ def test_an_episode_evaluator_is_prepared_while_it_runs_and_used_once(
     assert not list((suite._factory.tmp / "evaluations" / "experiments" / "outputs").iterdir())
 
 
+async def _evaluations_after_a_no_op(suite: AppWorldSuite) -> dict:
+    """Prepared evaluators (they score a no-op episode while the episode runs) asked directly."""
+    env = await suite.open()
+    task, out = suite.split("train")[0], {}
+    try:
+        for name, code in (("untouched", "x = 1"), ("completed", "apis.supervisor.complete_task(answer=42)")):
+            await env.reset(task)
+            await env.execute(code)
+            out[f"{name}_outcome"] = await env.evaluate()  # the environment's own path
+            await env.reset(task)
+            await env.execute(code)
+            worker = await env.prepare_evaluation()  # type: ignore[misc]
+            request = {"op": "evaluate", "source": str(env._output_dir), "save_report": False}
+            out[name] = await worker.request(request, 60)  # type: ignore[union-attr]
+    finally:
+        await env.close()
+    return out
+
+
+def test_a_prepared_evaluator_loads_only_the_apps_the_episode_changed(suite: AppWorldSuite) -> None:
+    out = asyncio.run(_evaluations_after_a_no_op(suite))
+    # Nothing changed: every app's database is the no-op's, and the task is not done.
+    assert out["untouched"]["reloaded"] == [] and out["untouched"]["kept"] >= 2
+    assert out["untouched"]["num_tests"] == 2 and not out["untouched"]["success"]
+    assert out["untouched_outcome"].score == 0.0
+    # complete_task wrote to the supervisor app alone: that database is loaded from the episode's
+    # saved state (scoring the no-op's would fail both checks); the others are kept.
+    assert out["completed"]["reloaded"] == ["supervisor"] and out["completed"]["success"]
+    assert out["completed"]["kept"] == out["untouched"]["kept"] - 1
+    assert out["completed_outcome"].success
+
+
 async def _recorded_run(world: AppWorldPaths, run: Path) -> list[Path]:
     suite = AppWorldSuite(config_for(world))
     suite.record_to(run)

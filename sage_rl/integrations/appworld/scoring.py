@@ -8,11 +8,14 @@ Two requests, in order, on one child:
   the clock at the task's date (AppWorld's own ``set_local_date_and_time``) and configure the
   models; then apply the sandbox's layers: from here on it reads the data, this integration's
   source and the ``readable`` folders (the episode's scratch), and writes only its destination.
-  The environment sends it while the episode runs, so the evaluation that follows costs what is
+  Last, it scores a no-op episode and keeps its end-state databases (``warm_up``). The
+  environment sends it while the episode runs, so the evaluation that follows costs what is
   left.
 - ``evaluate`` (source, save_report; or everything ``prepare`` takes, when it was not sent):
-  copy the regular files AppWorld saved for the episode into the destination AppWorld root and
-  score them there with ``evaluate_task``, as ``appworld evaluate`` does. Then the child exits:
+  read the regular files AppWorld saved for the episode, write them into the destination AppWorld
+  root and score them there with ``evaluate_task``, as ``appworld evaluate`` does (an app whose
+  saved changes are the no-op's keeps the no-op's database; a throw-away evaluation then skips
+  writing its file). Then the child exits:
   one evaluation per process, so nothing the replayed state did outlives it.
 
 ``evaluate_task`` freezes the clock itself; with the clock already frozen (same date), freezegun
@@ -42,8 +45,9 @@ class Evaluator:
         self.network, self.paths = network, paths
         self._ready: tuple[str, str, str] | None = None  # task_id, experiment, destination
         self._clock = None
+        self._loaded: dict[str, bytes] = {}  # app -> the changes its warmed end-state database holds
 
-    def prepare(self, req: dict) -> dict:
+    def prepare(self, req: dict, warm: bool = True) -> dict:
         if self._ready is not None:
             raise RuntimeError("an evaluator prepares one task only")
         dest_root, task_id, experiment = req["dest_root"], req["task_id"], req["experiment"]
@@ -63,13 +67,15 @@ class Evaluator:
             limits = layers.Limits.from_dict({**req["limits"], "drop_user": ""})
             readable = [req["data"], *req.get("readable", [])]
             layers.apply(limits, dest, self.network, layers.evaluator_paths(self.paths), readable)
+        if warm:  # in the background, while the episode runs; a cold evaluation pays no no-op
+            self._loaded = warm_up(task_id, experiment, dest)
         self._ready = (task_id, experiment, dest)
         return {}
 
     def evaluate(self, req: dict) -> dict:
         """Copy the episode's saved outputs to the destination and score them there."""
         if self._ready is None:
-            self.prepare({**req, "readable": [req["source"]]})
+            self.prepare({**req, "readable": [req["source"]]}, warm=False)
         task_id, experiment, dest = self._ready  # type: ignore[misc]
         save_report = bool(req.get("save_report", True))
         for entry in os.scandir(dest):  # an earlier evaluation of the task in this experiment
@@ -77,7 +83,15 @@ class Evaluator:
                 shutil.rmtree(entry.path)
             else:
                 os.unlink(entry.path)
-        copy_outputs(req["source"], dest, OUTPUT_SUBFOLDERS if save_report else STATE_SUBFOLDERS)
+        # What is scored is what was read here, once: agent code may still be writing its folder.
+        saved = read_files(os.path.join(req["source"], "dbs"))
+        kept = keep_unchanged(task_id, self._loaded, saved)
+        reloaded = sorted(n.removesuffix(".jsonl") for n in saved if n.endswith(".jsonl") and n not in kept)
+        if not save_report:  # a kept database is not read from its file: no need to write it
+            saved = {name: data for name, data in saved.items() if name not in kept}
+        write_files(os.path.join(dest, "dbs"), saved)
+        if save_report:
+            copy_outputs(req["source"], dest, tuple(d for d in OUTPUT_SUBFOLDERS if d != "dbs"))
         from appworld.evaluator import evaluate_task
 
         tracker = evaluate_task(
@@ -91,7 +105,72 @@ class Evaluator:
             "num_tests": tracker.num_tests,
             "success": bool(tracker.success),
             "difficulty": tracker.difficulty,
+            "reloaded": reloaded,
+            "kept": len(kept),
         }
+
+
+def warm_up(task_id: str, experiment: str, dest: str) -> dict[str, bytes]:
+    """Score a no-op episode (the task's start state saved as its end state); return, per app whose
+    end-state database that left in AppWorld's cache, the saved changes it was loaded from.
+
+    A process pays once for what every later ``evaluate_task`` reuses: SQLAlchemy configures its
+    mappers and compiles the ground truth's statements, the SQLite engines are made. AppWorld's own
+    ``world.evaluate()`` runs in the process that ran the episode, so it never pays them, and finds
+    the end state already in memory; an evaluator, a fresh process per evaluation, paid both in
+    ``evaluate``. Paid here, in ``prepare``, they come off the evaluation's critical path.
+
+    AppWorld caches a loaded end state under its in-memory path, and ``evaluate_task`` scores what
+    it finds there (that is how ``world.evaluate()`` finds its live databases). So an app's cached
+    database stays only while the episode saved the very same changes for it (``evaluate`` drops
+    the others): a database loaded from the same bytes, and since read by an evaluation, which only
+    reads (AppWorld evaluates a live world again and again). Nothing stays if the no-op failed:
+    its result, or its failure, is thrown away, and ``evaluate`` then loads everything itself."""
+    from appworld.apps.model_lib import CachedDBHandler, db_home_to_app_path, get_db_home_path
+    from appworld.evaluator import evaluate_task
+
+    start = get_db_home_path(storage_type="disk", type="task_input", task_id=task_id)
+    loaded: dict[str, bytes] = {}
+    try:
+        copy_outputs(os.path.dirname(start), dest, STATE_SUBFOLDERS)
+        evaluate_task(task_id=task_id, experiment_name=experiment, suppress_errors=True, save_report=False)
+        for key in list(CachedDBHandler.cache):
+            home, name = os.path.split(key)
+            path = os.path.join(start, name.removesuffix(".db") + ".jsonl")
+            if home == _end_home(task_id) and os.path.isfile(path):
+                with open(path, "rb") as f:
+                    loaded[name.removesuffix(".db")] = f.read()
+    except Exception:  # noqa: BLE001 - only an optimization (see above)
+        loaded = {}
+    finally:
+        for key in list(CachedDBHandler.cache):
+            if os.path.dirname(key) == _end_home(task_id) and os.path.basename(key)[:-3] not in loaded:
+                CachedDBHandler.reset(key_substring=key)
+        db_home_to_app_path.cache_clear()  # it remembers which files the no-op's folder held
+        shutil.rmtree(os.path.join(dest, "dbs"), ignore_errors=True)
+    return loaded
+
+
+def _end_home(task_id: str) -> str:
+    """Where AppWorld keeps a task's end state in memory (its cache's keys are ``<home>/<app>.db``)."""
+    from appworld.apps.model_lib import get_db_home_path
+
+    return get_db_home_path(storage_type="memory", type="task_output", task_id=task_id)
+
+
+def keep_unchanged(task_id: str, loaded: dict[str, bytes], saved: dict[str, bytes]) -> set[str]:
+    """Drop from AppWorld's cache each warmed end-state database whose app the episode changed
+    (``saved``: the saved state's files by name), so that ``evaluate_task`` loads it from them;
+    return the names of the files whose databases stay."""
+    from appworld.apps.model_lib import CachedDBHandler
+
+    kept = set()
+    for app, changes in loaded.items():
+        if saved.get(f"{app}.jsonl") == changes:
+            kept.add(f"{app}.jsonl")
+        else:
+            CachedDBHandler.reset(key_substring=os.path.join(_end_home(task_id), f"{app}.db"))
+    return kept
 
 
 def use_root(root: str) -> None:
@@ -101,6 +180,25 @@ def use_root(root: str) -> None:
 
     os.environ["APPWORLD_ROOT"] = root
     get_db_home_path.cache_clear()
+
+
+def read_files(folder: str) -> dict[str, bytes]:
+    """The regular files directly in ``folder`` (never links: the folder is agent-writable)."""
+    if os.path.islink(folder) or not os.path.isdir(folder):
+        return {}
+    out = {}
+    for entry in os.scandir(folder):
+        if entry.is_file(follow_symlinks=False):
+            with open(entry.path, "rb") as f:
+                out[entry.name] = f.read()
+    return out
+
+
+def write_files(folder: str, files: dict[str, bytes]) -> None:
+    os.makedirs(folder, exist_ok=True)
+    for name, data in files.items():
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(data)
 
 
 def copy_outputs(source: str, dest: str, subfolders: tuple[str, ...] = OUTPUT_SUBFOLDERS) -> None:

@@ -38,7 +38,8 @@ Requests (``op`` and its fields) -> answer fields (besides ``ok``):
   cell (it counts as an interaction) -> completed
 - ``prepare`` task_id, experiment, dest_root, data, sandbox, limits, readable -> (nothing)
 - ``evaluate`` source, save_report (and ``prepare``'s fields when it was not sent) -> passes,
-  failures, num_tests, success, difficulty
+  failures, num_tests, success, difficulty, reloaded (the apps whose saved changes it loaded),
+  kept (how many apps' databases it kept from ``prepare``'s no-op)
 - ``ping`` -> (nothing: its answer tells the parent every earlier request was answered)
 An episode worker runs until the parent kills its process group (it has nothing unsaved: AppWorld
 saves its state after every cell); an evaluator exits after its one answer.
