@@ -53,6 +53,9 @@ VERSUS_NATIVE = {
     "evaluate_cold_s": "evaluate_s",
     "concurrent_first_resets_8_s": "concurrent_first_constructions_8_s",
 }
+#: Seconds between a cell's answer and the next cell in ``execute_0_calls_ready_s``: shorter than any
+#: policy's turn (a turn samples tens of tokens at least).
+IDLE_S = 0.2
 #: AppWorld's alarm and the parent's grace in the bench: a stuck cell costs their sum, plus the restore.
 CELL_TIMEOUT_S, KILL_GRACE_S = 1, 1.0
 
@@ -100,12 +103,12 @@ async def _concurrent_first_resets(suite: AppWorldSuite, task: Task, n: int) -> 
 
 
 async def _ready_cells(out: dict, env: AppWorldEnvironment, repeats: int) -> None:
-    """``execute_0_calls_ready_s``: a cell sent once the worker is idle (the previous cell's
-    snapshot forked), as after a policy's turn. An untimed ping waits for that: the worker
-    answers it only after forking."""
+    """``execute_0_calls_ready_s``: a cell sent once the worker is idle, as after a policy's turn:
+    ``IDLE_S`` after the previous answer, time enough for the worker to fork its snapshot and copy
+    ahead the pages a cell writes (``snapshots.py``; a request that comes sooner stops that)."""
     times = []
     for _ in range(repeats):
-        await env._live().request({"op": "ping"}, 60)
+        await asyncio.sleep(IDLE_S)
         t0 = time.perf_counter()
         await env.execute("x = 1")
         times.append(time.perf_counter() - t0)

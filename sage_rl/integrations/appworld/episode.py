@@ -197,6 +197,7 @@ class Episode:
         appworld.environment.capture_output = capped_capture(self._output_chars)
 
         self._alarm = utils.signal = AlarmWatch(signal)
+        self.snapshots.hot.open()
         if req.get("sandbox", True):
             isolation = self._isolate(req)
         else:

@@ -56,6 +56,7 @@ import importlib.util
 import json
 import os
 import pkgutil
+import select
 import selectors
 import shutil
 import signal
@@ -135,10 +136,16 @@ def serve(conn: socket.socket, network: str, paths: tuple[list[str], list[str]])
         send(answer)
         if op == "evaluate":
             return
-        if answer["ok"] and op in CHANGES_WORLD and episode.snapshots.take():
+        if answer["ok"] and op in CHANGES_WORLD and episode.snapshots.take(lambda: _readable(conn)):
             episode.revive()  # this is the snapshot: the worker died; carry on in its place
             # A leading newline ends whatever the dead worker may have half written.
             send({"ok": True, "restored": True, "pid": os.getpid()}, lead="\n")
+
+
+def _readable(conn: socket.socket) -> bool:
+    """Whether the next request has arrived on ``conn`` (the parent sends one at a time, after the
+    previous answer: none waits in the reader's buffer)."""
+    return bool(select.select([conn], [], [], 0)[0])
 
 
 #: Standard modules never preloaded: side effects at import, GUI, tests, other platforms, removed.
