@@ -134,6 +134,10 @@ def serve(conn: socket.socket, network: str, paths: tuple[list[str], list[str]])
         op = request.get("op")
         answer = {**handle(episode, evaluator, request), "id": request.get("id")}
         send(answer)
+        # Let the parent read it now. Its wake-up is a "sync" one (a socket's): the kernel puts it
+        # on this core, expecting this process to sleep next; it forks its snapshot instead, and
+        # the parent waited for the scheduler's slice (2-3 ms of an idle cell's ~11).
+        os.sched_yield()
         if op == "evaluate":
             return
         if answer["ok"] and op in CHANGES_WORLD and episode.snapshots.take(lambda: _readable(conn)):
