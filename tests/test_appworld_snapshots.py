@@ -103,6 +103,31 @@ def test_the_open_page_map_shows_no_physical_page_numbers() -> None:
         buf.close()
 
 
+def test_agent_code_swapping_the_page_maps_descriptors_turns_copying_ahead_off_not_the_worker(
+    tmp_path,
+) -> None:
+    """Agent code runs in the worker: it can close the open page map and open its own file under
+    the same number (the lowest free one), e.g. one claiming that every page was written."""
+    fake = tmp_path / "fake"
+    fake.write_bytes(b"\x81" * 4096)
+    hot = HotPages()
+    hot.open()
+    assert hot._fds is not None
+    maps, pagemap = hot._fds
+    os.close(pagemap)
+    assert os.open(fake, os.O_RDONLY) == pagemap
+    try:
+        hot._forks, hot._helped = 1, False
+        hot.before_fork()  # learns nothing from the impostor, raises nothing
+        assert hot._fds is None and hot.ranges == []
+        hot.after_fork(lambda: False)
+        assert not hot._helped
+        os.fstat(pagemap)  # the impostor's file is left open: it is agent code's now
+    finally:
+        os.close(pagemap)
+        os.close(maps)
+
+
 def test_every_relearn_th_fork_copies_nothing_ahead_so_the_next_cell_is_learned() -> None:
     hot = HotPages()
     hot.ranges = [(0, PAGE)]  # an unmapped page: madvise fails, harmlessly

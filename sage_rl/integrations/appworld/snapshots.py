@@ -137,6 +137,7 @@ class HotPages:
         self._forks = 0
         self._helped = False  # whether the request since the last fork ran on pages copied ahead
         self._fds: tuple[int, int] | None = None  # /proc/self/maps and /proc/self/pagemap
+        self._files: list[tuple[int, int]] = []  # their (device, inode)
 
     def open(self) -> None:
         """Open this process's page map, before the sandbox's layers: a worker that dropped to
@@ -146,10 +147,12 @@ class HotPages:
         snapshot that takes over copies nothing ahead.)"""
         with contextlib.suppress(OSError), _without_sys_admin():
             self._fds = (os.open("/proc/self/maps", os.O_RDONLY), os.open("/proc/self/pagemap", os.O_RDONLY))
+            self._files = [_identity(fd) for fd in self._fds]
 
     def close(self) -> None:
         for fd in self._fds or ():
-            os.close(fd)
+            with contextlib.suppress(OSError):  # agent code may have closed it
+                os.close(fd)
         self._fds, self.ranges = None, []
 
     def before_fork(self) -> None:
@@ -157,9 +160,14 @@ class HotPages:
         whole world, made since the worker began), learn what it wrote."""
         if self._fds and self._forks and not self._helped:
             try:
+                # Agent code runs in this process: it may have closed these descriptors, or put
+                # another file under their numbers. Only the files opened here are read.
+                if [_identity(fd) for fd in self._fds] != self._files:
+                    raise OSError("the page map's descriptors changed")
                 self.ranges = written_ranges(*self._fds)
-            except OSError:
-                self.close()
+            except Exception:  # noqa: BLE001 - only an optimization: stop it, never the worker
+                self._fds = None  # not closed: the numbers may be agent code's files now
+                self.ranges = []
         self._helped = False
 
     def after_fork(self, waiting: Callable[[], bool]) -> None:
@@ -171,6 +179,11 @@ class HotPages:
             if i % _BETWEEN_LOOKS == 0 and waiting():
                 return
             _libc.madvise(address, size, _MADV_POPULATE_WRITE)  # fails only where nothing is left to copy
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
 
 
 class _CapHeader(ctypes.Structure):
