@@ -185,6 +185,33 @@ def test_timeout_in_python_keeps_the_namespace(sandbox):
     assert r[2].observation == "5\n"
 
 
+def test_an_answer_read_late_by_a_blocked_event_loop_is_not_a_timeout(sandbox):
+    """The cell answers at 0.3 s; the event loop is blocked (as by a long synchronous model step)
+    until past the parent's deadline (wall_timeout_s + kill_grace_s = 3 s). When it wakes, the
+    answer and the deadline are both due; asyncio reads the answer first, then runs the deadline."""
+    import time
+
+    async def go():
+        session = await sandbox.acquire(FakeWorld().dispatch)
+        try:
+            await session.execute("x = 5", "<cell-0>")
+
+            async def block():
+                await asyncio.sleep(0.15)
+                time.sleep(TEST_LIMITS.wall_timeout_s + TEST_LIMITS.kill_grace_s + 0.5)
+
+            cell, _ = await asyncio.gather(
+                session.execute("import time\ntime.sleep(0.3)\nprint('done', x)", "<cell-1>"), block()
+            )
+            return cell, await session.execute("print(x)", "<cell-2>"), session.restarts
+        finally:
+            await session.close()
+
+    cell, after, restarts = asyncio.run(go())
+    assert cell.ok and not cell.timed_out and cell.observation == "done 5\n", cell.observation
+    assert after.observation == "5\n" and restarts == 0
+
+
 def test_isolation_report_on_this_machine(sandbox):
     report = sandbox.isolation
     assert isinstance(report, IsolationReport)

@@ -149,6 +149,13 @@ class Session:
             worker.signal(signal.SIGSTOP)
             return _result(done, lim.output_chars)
         except TimeoutError:
+            late = worker.channel.waiter
+            if late is not None and late.done() and not late.cancelled() and late.exception() is None:
+                # The answer came in time, but the event loop, blocked meanwhile (e.g. by a long
+                # synchronous model step), read it in the same pass as the expired deadline, and
+                # asyncio ran the deadline first: the cell finished, and its worker lives on.
+                worker.signal(signal.SIGSTOP)
+                return _result(late.result(), lim.output_chars)
             return _Failure(
                 f"Timed out after {lim.wall_timeout_s:g} s, and the code did not stop when interrupted "
                 f"(for example it was stuck in a C call), so its process was killed and replaced. {RESTARTED}",
