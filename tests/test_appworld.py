@@ -266,6 +266,36 @@ def test_a_cell_after_a_pause_runs_on_pages_the_worker_copied_ahead(suite: AppWo
     assert min(b2b) > 200, out
 
 
+async def _read_late(suite: AppWorldSuite) -> dict:
+    env = await suite.open()
+    try:
+        await env.reset(suite.split("train")[0])
+        await env.execute("x = 5")
+        pid = env.worker_pid
+        deadline = suite.config.cell_timeout_s + suite.config.kill_grace_s
+
+        async def block() -> None:  # as a long synchronous model step would
+            await asyncio.sleep(0.15)
+            time.sleep(deadline + 0.5)
+
+        cell, _ = await asyncio.gather(
+            env.execute("n = sum(i for i in range(2_000_000))\nprint('done', x)"), block()
+        )
+        return {"cell": cell, "same_worker": env.worker_pid == pid, "after": await env.execute("print(x)")}
+    finally:
+        await env.close()
+
+
+def test_an_answer_read_late_by_a_blocked_event_loop_is_the_cells_result(suite: AppWorldSuite) -> None:
+    """The cell answers within ~0.3 s; the event loop wakes past the parent's deadline, with the
+    answer unread and the deadline expired in the same pass. The connection's ``wait_for`` takes
+    an answer that is in when its deadline runs (``asyncio.timeout`` would have cancelled the read:
+    the PocketWorld sandbox's session checks its channel for that, test_sandbox.py)."""
+    out = asyncio.run(_read_late(suite))
+    assert out["cell"].ok and not out["cell"].timed_out and out["cell"].observation.strip() == "done 5"
+    assert out["same_worker"] and out["after"].observation.strip() == "5"
+
+
 async def _recorded_run(world: AppWorldPaths, run: Path) -> list[Path]:
     suite = AppWorldSuite(config_for(world))
     suite.record_to(run)
