@@ -6,11 +6,11 @@ Two requests, in order, on one child:
 - ``prepare`` (task_id, experiment, dest_root, data, sandbox, limits, readable): before any file
   that agent code wrote is read, load the task with its ground truth and its start state, freeze
   the clock at the task's date (AppWorld's own ``set_local_date_and_time``) and configure the
-  models; then apply the sandbox's layers: from here on it reads the data, this integration's
-  source and the ``readable`` folders (the episode's scratch), and writes only its destination.
-  Last, it scores a no-op episode and keeps its end-state databases (``warm_up``). The
-  environment sends it while the episode runs, so the evaluation that follows costs what is
-  left.
+  models; score a no-op episode in a private folder and keep its end-state databases
+  (``warm_up``); then apply the sandbox's layers: from here on it reads the data, this
+  integration's source and the ``readable`` folders (the episode's scratch), and writes only its
+  destination. The environment sends it while the episode runs, so the evaluation that follows
+  costs what is left.
 - ``evaluate`` (source, save_report; or everything ``prepare`` takes, when it was not sent):
   read the regular files AppWorld saved for the episode, write them into the destination AppWorld
   root and score them there with ``evaluate_task``, as ``appworld evaluate`` does (an app whose
@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 
 import sage_rl_appworld_layers as layers  # type: ignore[import-not-found]
 
@@ -63,12 +64,12 @@ class Evaluator:
         task.ground_truth.evaluation_module()  # a broken ground truth fails here, as it would later
         self._clock = set_local_date_and_time(task.datetime)  # kept: see the module docstring
         task.model_collection.admin.MainUser.find_one(**task.supervisor)  # loads and configures
+        if warm:  # in the background, while the episode runs; a cold evaluation pays no no-op
+            self._loaded = warm_up(task_id, req["data"], dest_root)
         if req.get("sandbox", True):
             limits = layers.Limits.from_dict({**req["limits"], "drop_user": ""})
             readable = [req["data"], *req.get("readable", [])]
             layers.apply(limits, dest, self.network, layers.evaluator_paths(self.paths), readable)
-        if warm:  # in the background, while the episode runs; a cold evaluation pays no no-op
-            self._loaded = warm_up(task_id, experiment, dest)
         self._ready = (task_id, experiment, dest)
         return {}
 
@@ -110,44 +111,53 @@ class Evaluator:
         }
 
 
-def warm_up(task_id: str, experiment: str, dest: str) -> dict[str, bytes]:
-    """Score a no-op episode (the task's start state saved as its end state); return, per app whose
-    end-state database that left in AppWorld's cache, the saved changes it was loaded from.
+def warm_up(task_id: str, data: str, root: str) -> dict[str, bytes]:
+    """Score a no-op episode (the task's start state saved as its end state) in a private AppWorld
+    root, then point AppWorld at ``root`` again; return, per app whose end-state database that left
+    in AppWorld's cache, the saved changes it was loaded from.
 
     A process pays once for what every later ``evaluate_task`` reuses: SQLAlchemy configures its
     mappers and compiles the ground truth's statements, the SQLite engines are made. AppWorld's own
     ``world.evaluate()`` runs in the process that ran the episode, so it never pays them, and finds
     the end state already in memory; an evaluator, a fresh process per evaluation, paid both in
-    ``evaluate``. Paid here, in ``prepare``, they come off the evaluation's critical path.
+    ``evaluate``. Paid here, in ``prepare``, they come off the evaluation's critical path. It reads
+    the task data alone (no file agent code wrote) and runs before the sandbox's layers, in a
+    temporary folder: nothing of it touches the destination, where an earlier evaluation's outputs
+    may be kept.
 
-    AppWorld caches a loaded end state under its in-memory path, and ``evaluate_task`` scores what
-    it finds there (that is how ``world.evaluate()`` finds its live databases). So an app's cached
-    database stays only while the episode saved the very same changes for it (``evaluate`` drops
-    the others): a database loaded from the same bytes, and since read by an evaluation, which only
-    reads (AppWorld evaluates a live world again and again). Nothing stays if the no-op failed:
-    its result, or its failure, is thrown away, and ``evaluate`` then loads everything itself."""
+    AppWorld caches a loaded end state under its in-memory path (the task's, whatever the root),
+    and ``evaluate_task`` scores what it finds there (that is how ``world.evaluate()`` finds its
+    live databases). So an app's cached database stays only while the episode saved the very same
+    changes for it (``evaluate`` drops the others): a database loaded from the same bytes, and
+    since read by an evaluation, which only reads (AppWorld evaluates a live world again and
+    again). Nothing stays if the no-op failed: its result, or its failure, is thrown away, and
+    ``evaluate`` then loads everything itself."""
     from appworld.apps.model_lib import CachedDBHandler, db_home_to_app_path, get_db_home_path
     from appworld.evaluator import evaluate_task
 
-    start = get_db_home_path(storage_type="disk", type="task_input", task_id=task_id)
     loaded: dict[str, bytes] = {}
-    try:
-        copy_outputs(os.path.dirname(start), dest, STATE_SUBFOLDERS)
-        evaluate_task(task_id=task_id, experiment_name=experiment, suppress_errors=True, save_report=False)
-        for key in list(CachedDBHandler.cache):
-            home, name = os.path.split(key)
-            path = os.path.join(start, name.removesuffix(".db") + ".jsonl")
-            if home == _end_home(task_id) and os.path.isfile(path):
-                with open(path, "rb") as f:
-                    loaded[name.removesuffix(".db")] = f.read()
-    except Exception:  # noqa: BLE001 - only an optimization (see above)
-        loaded = {}
-    finally:
-        for key in list(CachedDBHandler.cache):
-            if os.path.dirname(key) == _end_home(task_id) and os.path.basename(key)[:-3] not in loaded:
-                CachedDBHandler.reset(key_substring=key)
-        db_home_to_app_path.cache_clear()  # it remembers which files the no-op's folder held
-        shutil.rmtree(os.path.join(dest, "dbs"), ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="sage-rl-appworld-no-op-") as private:
+        try:
+            os.symlink(data, os.path.join(private, "data"))
+            use_root(private)
+            start = get_db_home_path(storage_type="disk", type="task_input", task_id=task_id)
+            dest = os.path.join(private, "experiments", "outputs", "no-op", "tasks", task_id)
+            copy_outputs(os.path.dirname(start), dest, STATE_SUBFOLDERS)
+            evaluate_task(task_id=task_id, experiment_name="no-op", suppress_errors=True, save_report=False)
+            for key in list(CachedDBHandler.cache):
+                home, name = os.path.split(key)
+                path = os.path.join(start, name.removesuffix(".db") + ".jsonl")
+                if home == _end_home(task_id) and os.path.isfile(path):
+                    with open(path, "rb") as f:
+                        loaded[name.removesuffix(".db")] = f.read()
+        except Exception:  # noqa: BLE001 - only an optimization (see above)
+            loaded = {}
+        finally:
+            for key in list(CachedDBHandler.cache):
+                if os.path.dirname(key) == _end_home(task_id) and os.path.basename(key)[:-3] not in loaded:
+                    CachedDBHandler.reset(key_substring=key)
+            db_home_to_app_path.cache_clear()  # it remembers which files the no-op's folder held
+            use_root(root)
     return loaded
 
 
