@@ -33,10 +33,9 @@ import tempfile
 
 import sage_rl_appworld_layers as layers  # type: ignore[import-not-found]
 
-#: What of an episode's AppWorld output folder the evaluator copies (regular files only): all of
-#: it for a run that keeps its outputs, the saved state alone when the copy is thrown away.
-OUTPUT_SUBFOLDERS = ("dbs", "logs", "version", "misc")
-STATE_SUBFOLDERS = ("dbs",)
+#: What of an episode's AppWorld output folder the evaluator copies (regular files only) besides
+#: the saved state (``dbs``), for a run that keeps its outputs.
+LOG_SUBFOLDERS = ("logs", "version", "misc")
 
 
 class Evaluator:
@@ -85,14 +84,18 @@ class Evaluator:
             else:
                 os.unlink(entry.path)
         # What is scored is what was read here, once: agent code may still be writing its folder.
-        saved = read_files(os.path.join(req["source"], "dbs"))
+        state = os.path.join(req["source"], "dbs")
+        saved = read_files(state)
         kept = keep_unchanged(task_id, self._loaded, saved)
-        reloaded = sorted(n.removesuffix(".jsonl") for n in saved if n.endswith(".jsonl") and n not in kept)
+        reloaded = sorted(
+            name.removesuffix(".jsonl") for name in saved.keys() - kept if name.endswith(".jsonl")
+        )
         if not save_report:  # a kept database is not read from its file: no need to write it
             saved = {name: data for name, data in saved.items() if name not in kept}
-        write_files(os.path.join(dest, "dbs"), saved)
+        if _real_folder(state):  # none: AppWorld's own error names the missing state
+            write_files(os.path.join(dest, "dbs"), saved)
         if save_report:
-            copy_outputs(req["source"], dest, tuple(d for d in OUTPUT_SUBFOLDERS if d != "dbs"))
+            copy_outputs(req["source"], dest, LOG_SUBFOLDERS)
         from appworld.evaluator import evaluate_task
 
         tracker = evaluate_task(
@@ -136,29 +139,32 @@ def warm_up(task_id: str, data: str, root: str) -> dict[str, bytes]:
     from appworld.evaluator import evaluate_task
 
     loaded: dict[str, bytes] = {}
+    home = _end_home(task_id)
     with tempfile.TemporaryDirectory(prefix="sage-rl-appworld-no-op-") as private:
         try:
             os.symlink(data, os.path.join(private, "data"))
             use_root(private)
-            start = get_db_home_path(storage_type="disk", type="task_input", task_id=task_id)
-            dest = os.path.join(private, "experiments", "outputs", "no-op", "tasks", task_id)
-            copy_outputs(os.path.dirname(start), dest, STATE_SUBFOLDERS)
+            start = read_files(get_db_home_path(storage_type="disk", type="task_input", task_id=task_id))
+            write_files(
+                os.path.join(private, "experiments", "outputs", "no-op", "tasks", task_id, "dbs"), start
+            )
             evaluate_task(task_id=task_id, experiment_name="no-op", suppress_errors=True, save_report=False)
-            for key in list(CachedDBHandler.cache):
-                home, name = os.path.split(key)
-                path = os.path.join(start, name.removesuffix(".db") + ".jsonl")
-                if home == _end_home(task_id) and os.path.isfile(path):
-                    with open(path, "rb") as f:
-                        loaded[name.removesuffix(".db")] = f.read()
+            cached = {_app_of(key) for key in CachedDBHandler.cache if os.path.dirname(key) == home}
+            loaded = {app: start[f"{app}.jsonl"] for app in cached if f"{app}.jsonl" in start}
         except Exception:  # noqa: BLE001 - only an optimization (see above)
             loaded = {}
         finally:
             for key in list(CachedDBHandler.cache):
-                if os.path.dirname(key) == _end_home(task_id) and os.path.basename(key)[:-3] not in loaded:
+                if os.path.dirname(key) == home and _app_of(key) not in loaded:
                     CachedDBHandler.reset(key_substring=key)
             db_home_to_app_path.cache_clear()  # it remembers which files the no-op's folder held
             use_root(root)
     return loaded
+
+
+def _app_of(key: str) -> str:
+    """The app of a database cache key ``<home>/<app>.db``."""
+    return os.path.basename(key).removesuffix(".db")
 
 
 def _end_home(task_id: str) -> str:
@@ -192,15 +198,24 @@ def use_root(root: str) -> None:
     get_db_home_path.cache_clear()
 
 
+def _real_folder(path: str) -> bool:
+    """A folder, not a link to one (the episode's output folder is agent-writable)."""
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
+def _regular_files(folder: str) -> list[os.DirEntry]:
+    """The regular files directly in ``folder`` (never links)."""
+    if not _real_folder(folder):
+        return []
+    return [entry for entry in os.scandir(folder) if entry.is_file(follow_symlinks=False)]
+
+
 def read_files(folder: str) -> dict[str, bytes]:
-    """The regular files directly in ``folder`` (never links: the folder is agent-writable)."""
-    if os.path.islink(folder) or not os.path.isdir(folder):
-        return {}
+    """``folder``'s regular files (``_regular_files``) by name."""
     out = {}
-    for entry in os.scandir(folder):
-        if entry.is_file(follow_symlinks=False):
-            with open(entry.path, "rb") as f:
-                out[entry.name] = f.read()
+    for entry in _regular_files(folder):
+        with open(entry.path, "rb") as f:
+            out[entry.name] = f.read()
     return out
 
 
@@ -211,13 +226,12 @@ def write_files(folder: str, files: dict[str, bytes]) -> None:
             f.write(data)
 
 
-def copy_outputs(source: str, dest: str, subfolders: tuple[str, ...] = OUTPUT_SUBFOLDERS) -> None:
-    """Regular files of AppWorld's output subfolders (never links: the folder is agent-writable)."""
+def copy_outputs(source: str, dest: str, subfolders: tuple[str, ...]) -> None:
+    """The regular files of AppWorld's output subfolders (``_regular_files``), streamed."""
     for sub in subfolders:
         folder = os.path.join(source, sub)
-        if os.path.islink(folder) or not os.path.isdir(folder):
+        if not _real_folder(folder):
             continue
         os.makedirs(os.path.join(dest, sub), exist_ok=True)
-        for entry in os.scandir(folder):
-            if entry.is_file(follow_symlinks=False):
-                shutil.copyfile(entry.path, os.path.join(dest, sub, entry.name), follow_symlinks=False)
+        for entry in _regular_files(folder):
+            shutil.copyfile(entry.path, os.path.join(dest, sub, entry.name), follow_symlinks=False)
