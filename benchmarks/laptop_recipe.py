@@ -7,17 +7,18 @@ RL tokens, evaluated on ``train_heldout`` and ``dev`` in the paper's table shape
 
 The models (``sage_rl/recipe/controls.py`` says what each isolates): ``base``; ``sft`` (skill-library
 SFT, with its library); ``sft_nolib`` (the same weights, ``skills.use_skills=false``: the format
-control); ``sft_inline`` (SFT on the library-free expert's trajectories of the same scenarios, the
-same SFT settings; evaluated without a library); ``grpo_nolib`` (the paper's baseline: from
-``sft_inline``, no library, K = 1, outcome reward); ``grpo_lib`` (from ``sft``, same prompt and
+control); ``sft_inline`` (SFT on as many examples of the library-free expert, from the same
+scenarios and a few more, the same SFT settings; evaluated without a library); ``grpo_nolib``
+(the paper's baseline: from ``sft_inline``, no library, K = 1, outcome reward); ``grpo_lib`` (from ``sft``, same prompt and
 library as SAGE, K = 1, outcome reward); ``sage`` (from ``sft``, K = 2, skill-integrated reward);
 ``sage_nolib`` (the SAGE model without its library: the skill value).
 
 Stages, each skipped when its output exists in ``--out`` (a stopped run resumes; run folders are
-kept): evaluate base; collect (library) -> SFT -> evaluate sft, sft_nolib; collect (library-free,
-same scenarios) -> SFT -> evaluate sft_inline; RL sage, grpo_lib, grpo_nolib (each to the same
-``sampled_token_budget``: it stops after the step at which its generated rollout tokens, screens
-included, reach it); evaluate the four RL models.
+kept): evaluate base; collect (library) -> SFT -> evaluate sft, sft_nolib; collect (library-free:
+the same scenarios, then more until it has as many examples; SFT takes the first that many) -> SFT
+-> evaluate sft_inline; RL sage, grpo_lib, grpo_nolib (each to the same ``sampled_token_budget``:
+it stops after the step at which its generated rollout tokens, screens included, reach it);
+evaluate the four RL models.
 
 Every evaluation is greedy and scenario-ordered with the same agent limits, every model on the
 same tasks (all of ``recipe.eval.splits``; ``recipe.eval.base_token_budget`` caps the base model).
@@ -56,6 +57,7 @@ from sage_rl.recipe.controls import (
 )
 from sage_rl.recipe.pipeline import (
     Layout,
+    collect_at_least,
     collect_config,
     eval_config,
     evaluate,
@@ -112,9 +114,6 @@ def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False)
     collect_lib = collect_config(cfg, r, lay.expert)
     collect_inline = collect_config(plain, r, out / "expert_inline")  # the library-free expert
     sft_lib = sft_config(cfg, r, lay.expert / f"{collect_lib.name}.jsonl", lay.sft)
-    sft_inline = sft_config(
-        plain, r, out / "expert_inline" / f"{collect_inline.name}.jsonl", out / "sft_inline"
-    )
     ev_cfg = _one_thread if parallel else (lambda c: c)
     sage_cfg = train_config(cfg, lay.sft / "final", lay.sage)
     rl_cfgs = {
@@ -162,11 +161,12 @@ def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False)
         "eval sft",
         lambda: evals({"sft": (cfg, str(lay.sft / "final")), "sft_nolib": (plain, str(lay.sft / "final"))}),
     )
+    n = sft_done["sft"][0]["examples"]  # the same number of examples: more scenarios, cut to n
+    inline = timed("collect inline", lambda: collect_at_least(collect_inline, n))
+    data = out / "expert_inline" / f"{collect_inline.name}.jsonl"
+    sft_inline = sft_config(plain, r, data, out / "sft_inline", limit=n)
     sft_done["sft_inline"] = (
-        timed(
-            "collect inline",
-            lambda: run_once(out / "expert_inline" / "summary.json", run_collect, collect_inline),
-        ),
+        inline,
         timed("sft inline", lambda: run_once(out / "sft_inline" / "result.json", run_sft, sft_inline)),
     )
     results |= timed(

@@ -101,3 +101,39 @@ def test_a_curve_starts_from_its_own_start_on_the_loops_scenarios():
     # the loop evaluates the first scenario: the start's TGC there is 50, the final model's 100
     assert curve(start, final, rows, 1) == [(0, 50.0), (220, 100.0), (300, 100.0)]
     assert curve(start, final, [], None) == [(0, 25.0)]  # not trained yet: the start alone
+
+
+
+def test_the_library_free_expert_collects_until_it_has_as_many_examples(tmp_path):
+    """``collect_at_least`` resumes the collection with more scenarios (the plan's prefix kept) until
+    its dataset reaches the count; called again with the count reached, it collects nothing."""
+    from sage_rl.data.records import read_jsonl
+    from sage_rl.recipe.pipeline import collect_at_least
+    from sage_rl.runs.collect import run_collect
+    from sage_rl.settings import CollectConfig
+
+    cfg = CollectConfig.model_validate(
+        {
+            "out_dir": str(tmp_path / "inline"),
+            "num_scenarios": 4,
+            "concurrency": 1,
+            "pocketworld": {"sandbox": False},
+            "skills": {"use_skills": False},
+        }
+    )
+    first = run_collect(cfg)
+    data = Path(cfg.out_dir) / f"{cfg.name}.jsonl"
+    before, want = read_jsonl(data), first["examples"] + 5
+    asked: list[int] = []
+
+    def counted(c: CollectConfig) -> dict:
+        asked.append(c.num_scenarios)
+        return run_collect(c)
+
+    got = collect_at_least(cfg, want, counted)
+    after = read_jsonl(data)
+    assert got["examples"] == len(after) >= want
+    assert asked and all(n > 4 for n in asked)  # never the finished first plan again: only more
+    assert after[: len(before)] == before  # the first scenarios' examples stay first
+    n = len(asked)
+    assert collect_at_least(cfg, want, counted) == got and len(asked) == n  # done: nothing runs

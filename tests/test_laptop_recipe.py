@@ -58,7 +58,13 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
     # the arms are what they claim
     lib, inline = _cfg(out / "expert" / "config.yaml"), _cfg(out / "expert_inline" / "config.yaml")
     assert lib["skills"]["use_skills"] and not inline["skills"]["use_skills"]
-    assert inline["num_scenarios"] == lib["num_scenarios"] and inline["seed"] == lib["seed"]
+    assert inline["num_scenarios"] >= lib["num_scenarios"] and inline["seed"] == lib["seed"]
+    # the same number of examples: the library-free expert collected at least as many, SFT took that many
+    n = row["sft"]["sft"]["collected"]["examples"]
+    assert row["sft"]["sft_inline"]["collected"]["examples"] >= n
+    assert _cfg(out / "sft_inline" / "config.yaml")["data"]["limit"] == n
+    sizes = [json.loads((out / m / "result.json").read_text()) for m in ("sft", "sft_inline")]
+    assert [s["train_examples"] + s["eval_examples"] for s in sizes] == [n, n]
     data = [json.loads(x) for x in (out / "expert_inline" / "sage_expert.jsonl").read_text().splitlines()]
     assert data and not any("def " in json.dumps(d) for d in data)  # the library-free expert
     assert _cfg(out / "sft_inline" / "config.yaml")["optim"] == _cfg(out / "sft" / "config.yaml")["optim"]

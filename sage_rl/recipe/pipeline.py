@@ -20,6 +20,7 @@ import ctypes
 import dataclasses
 import gc
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -88,13 +89,17 @@ def collect_config(cfg: TrainConfig, r: RecipeSettings, folder: Path) -> Collect
     )
 
 
-def sft_config(cfg: TrainConfig, r: RecipeSettings, data: Path, folder: Path) -> SFTConfig:
-    """``sage-rl sft`` of the run's base model on the collected examples."""
+def sft_config(
+    cfg: TrainConfig, r: RecipeSettings, data: Path, folder: Path, limit: int | None = None
+) -> SFTConfig:
+    """``sage-rl sft`` of the run's base model on the collected examples (the first ``limit``, when
+    given, or the SFT section's ``data.limit``)."""
     s = r.sft
+    cut = {"limit": limit} if limit else {}
     return SFTConfig.model_validate(
         {
             "model": cfg.policy.model,
-            "data": {**s.data.model_dump(mode="json"), "path": str(data)},
+            "data": {**s.data.model_dump(mode="json"), "path": str(data), **cut},
             "optim": s.optim.model_dump(mode="json")
             | {  # the run's threads and device, unless the SFT section names its own
                 "threads": s.optim.threads or cfg.policy.threads,
@@ -250,6 +255,29 @@ def run_once(done: Path, command: Callable[..., dict], stage_cfg: Any) -> dict:
     if done.is_file():
         return json.loads(done.read_text())
     return command(stage_cfg)
+
+
+def collect_at_least(cfg: CollectConfig, examples: int, collect: Callable[..., dict] = run_collect) -> dict:
+    """``collect(cfg)`` (unless its summary exists), then resumed with more train scenarios until the
+    dataset holds at least ``examples`` examples; returns the last summary.
+
+    For an expert whose examples deduplicate differently (the library-free one repeats itself more
+    often), so two SFT datasets can be cut to the same size (issue 27). The plan is prefix-stable
+    (``collect.plan_scenarios``): the first scenarios are the same as in ``cfg``, and each resume
+    only adds. Each round asks for the missing examples at the rate seen so far, plus a tenth.
+    """
+    folder = Path(cfg.out_dir)
+    summary = run_once(folder / "summary.json", collect, cfg)
+    while summary["examples"] < examples:
+        done = cfg.num_scenarios or summary["scenarios"]["run"]
+        if summary["examples"] == 0:
+            raise RecipeError(f"{folder}: {done} scenarios gave no examples; cannot reach {examples}")
+        rate = summary["examples"] / done
+        more = math.ceil(1.1 * (examples - summary["examples"]) / rate)
+        cfg = cfg.model_copy(update={"num_scenarios": done + more})
+        err.print(f"{folder}: {summary['examples']} examples of {examples}; {more} more scenarios")
+        summary = collect(cfg)
+    return summary
 
 
 def train_once(cfg: TrainConfig) -> dict:
