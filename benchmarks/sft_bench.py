@@ -18,6 +18,9 @@ Modes, called round-robin so that a change of the machine's load hits each alike
 - ``shared_dense``: the same rows through the row's dense ``T x T`` mask (``optim.attention:
   dense``, what every mode did before issue 32): ``ratio_shared_vs_shared_dense`` is the segment
   attention's gain;
+- ``shared_full``: ``shared`` with ``optim.lean_activations: false`` (autograd keeps every
+  intermediate of the MLPs and norms; ``train/lean.py``): ``ratio_shared_vs_shared_full`` is what
+  recomputing them costs, ``saved_mb_longest_row`` per mode what it saves;
 - ``shared_lora``: ``shared`` through LoRA adapters (the recipe's ``sft.lora`` defaults: r 16,
   alpha 32, all linear layers): no weight gradients for the frozen layers and AdamW over the
   adapters only; ``ratio_shared_lora_vs_shared`` is its gain per step (what it does to the model
@@ -50,16 +53,19 @@ from sage_rl.train.sft import forward_loss_sum
 from sage_rl.train.sft_config import SFTLora
 from sage_rl.train.sft_data import Encoded, collate, encode_example, fit_length, make_rows
 
-MODES = {
-    "padding": (False, False, "segments"),
-    "packing": (True, False, "segments"),
-    "shared": (True, True, "segments"),
-    "shared_dense": (True, True, "dense"),
-    "shared_lora": (True, True, "segments"),
+MODES = {  # packing, shared openings, attention, lean activations
+    "padding": (False, False, "segments", True),
+    "packing": (True, False, "segments", True),
+    "shared": (True, True, "segments", True),
+    "shared_dense": (True, True, "dense", True),
+    "shared_full": (True, True, "segments", False),
+    "shared_lora": (True, True, "segments", True),
 }
 
 
-def step_fn(model: Any, rows: list[list[Encoded]], share: bool, pad_id: int, attention: str) -> Any:
+def step_fn(
+    model: Any, rows: list[list[Encoded]], share: bool, pad_id: int, attention: str, lean: bool
+) -> Any:
     opt = build_optimizer(model, 1e-6)
     batches = [collate([row], pad_id, share) for row in rows]
     n_trained = sum(b.num_trained for b in batches)
@@ -67,10 +73,27 @@ def step_fn(model: Any, rows: list[list[Encoded]], share: bool, pad_id: int, att
     def step() -> None:
         model.train()
         for b in batches:
-            (forward_loss_sum(model, b, attention) / n_trained).backward()
+            (forward_loss_sum(model, b, attention, lean) / n_trained).backward()
         optimizer_step(opt, 1.0, 1e-6)
 
-    return step, sum(int(b.input_ids_BT.numel()) for b in batches)
+    return step, sum(int(b.input_ids_BT.numel()) for b in batches), batches
+
+
+def saved_mb(model: Any, batch: Any, attention: str, lean: bool) -> float:
+    """MiB that autograd keeps for backward in one forward of ``batch`` (parameters not counted)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = forward_loss_sum(model, batch, attention, lean)
+    del loss
+    return sum(seen.values()) / 2**20
 
 
 def main() -> None:
@@ -96,13 +119,19 @@ def main() -> None:
     tokens = sum(len(e.ids) for e in encoded)
     fns, out = {}, {}
     for mode in a.modes:
-        packing, share, attention = MODES[mode]
+        packing, share, attention, lean = MODES[mode]
         rows = make_rows(encoded, packing, a.max_length, share)
         copied = copy.deepcopy(model)
         if mode.endswith("_lora"):
             copied = with_lora(copied, SFTLora(enabled=True).adapters())
-        fns[mode], row_tokens = step_fn(copied, rows, share, pad_id, attention)
-        out[mode] = {"rows": len(rows), "row_tokens": row_tokens}
+        fns[mode], row_tokens, batches = step_fn(copied, rows, share, pad_id, attention, lean)
+        longest = max(batches, key=lambda b: int(b.input_ids_BT.numel()))
+        out[mode] = {
+            "rows": len(rows),
+            "row_tokens": row_tokens,
+            "longest_row": int(longest.input_ids_BT.numel()),
+            "saved_mb_longest_row": round(saved_mb(copied, longest, attention, lean), 1),
+        }
     load0 = os.getloadavg()[0]
     for _ in range(a.warmup):
         for fn in fns.values():
@@ -133,7 +162,7 @@ def main() -> None:
         result["ratio_shared_lora_vs_shared"] = (
             out["shared_lora"]["tokens_per_s"] / out["shared"]["tokens_per_s"]
         )
-    for base in ("packing", "padding", "shared_dense"):
+    for base in ("packing", "padding", "shared_dense", "shared_full"):
         if base in fns and "shared" in fns:
             result[f"ratio_shared_vs_{base}"] = out["shared"]["tokens_per_s"] / out[base]["tokens_per_s"]
             result[f"ratio_cpu_shared_vs_{base}"] = (

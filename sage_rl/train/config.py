@@ -52,6 +52,10 @@ class TrainerConfig(Section):
         True,
         description="logprobs of generated tokens only, in tiles, without (B, T, V) logits (auto-checked)",
     )
+    lean_activations: bool = Field(
+        True,
+        description="MLPs and RMSNorms keep only their inputs for backward (train/lean.py; off under autocast)",
+    )
     tis_cap: float | None = Field(
         None,
         gt=0,

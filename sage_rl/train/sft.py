@@ -38,6 +38,7 @@ from rich.progress import (
 from sage_rl.config import dump_config
 from sage_rl.data.records import ChatExample, DatasetError
 from sage_rl.train.checkpoint import save_model
+from sage_rl.train.lean import lean_activations
 from sage_rl.train.logging import MetricsLogger
 from sage_rl.train.lora import with_lora
 from sage_rl.train.optim import build_optimizer, optimizer_step, warmup_lr
@@ -167,12 +168,15 @@ def num_steps(n_rows: int, cfg: SFTConfig) -> int:
     return min(steps, cfg.optim.max_steps) if cfg.optim.max_steps else steps
 
 
-def forward_loss_sum(model: Any, batch: Batch, attention: str = "segments") -> torch.Tensor:
+def forward_loss_sum(
+    model: Any, batch: Batch, attention: str = "segments", lean: bool = True
+) -> torch.Tensor:
     """Sum of the trained tokens' NLL. Only the logits that predict a trained token are computed,
     ``LOSS_CHUNK`` positions at a time (``chunked_nll_sum``; ``logits_to_keep`` where the model's
     head is not a plain linear layer): with a 49k vocabulary they dominate memory otherwise.
     ``attention``: "segments" attends by the row's examples (``train/segments.py``, the same
-    numbers, a fraction of the work), "dense" through the row's full mask."""
+    numbers, a fraction of the work), "dense" through the row's full mask. ``lean``: MLPs and
+    norms keep only their inputs for backward (``train/lean.py``)."""
     batch = batch.to(next(model.parameters()).device)
     keep_K = batch.loss_positions_K
     targets_BK = batch.labels_BT[:, keep_K + 1]
@@ -185,7 +189,7 @@ def forward_loss_sum(model: Any, batch: Batch, attention: str = "segments") -> t
     if by_segment:
         inputs["sage_segments"] = layouts(batch.segment_BT)
     head = plain_head(model)
-    with segmented(model) if by_segment else contextlib.nullcontext():
+    with segmented(model) if by_segment else contextlib.nullcontext(), lean_activations(model, lean):
         if head is None:
             return nll_sum(model(**inputs, logits_to_keep=keep_K).logits, targets_BK)
         hidden_BTD = model.get_decoder()(**inputs).last_hidden_state
@@ -348,7 +352,7 @@ def sft_step(
     n_tokens = max(1, sum(b.num_trained for _, b in window))
     total = 0.0
     for _, batch in window:
-        loss = forward_loss_sum(model, batch, cfg.optim.attention) / n_tokens
+        loss = forward_loss_sum(model, batch, cfg.optim.attention, cfg.optim.lean_activations) / n_tokens
         loss.backward()
         total += loss.item()
     grad_norm = optimizer_step(opt, cfg.optim.grad_clip, lr)

@@ -59,6 +59,11 @@ class SFTOptim(Section):
         description="segments: each packed example attends to its shared head and itself, computed "
         "per example (train/segments.py); dense: the row's full T x T mask (the same numbers, slower)",
     )
+    lean_activations: bool = Field(
+        True,
+        description="MLPs and RMSNorms keep only their inputs for backward and recompute the rest "
+        "(train/lean.py): the same loss, ~1/3 less activation memory",
+    )
     seed: int = 0
     threads: int | None = Field(
         None, gt=0, description="torch CPU threads (None = the cores other processes leave free at the start)"

@@ -54,9 +54,10 @@ class Reached:
 
 def fingerprint(config: dict[str, Any], encoded: list[tuple[int, ...]]) -> str:
     """sha256 of the config and of every encoded example's ids. Left out: ``output`` (where and how
-    often to write) and where the run computes (``optim.threads``, ``optim.device``): a run may
-    resume on another machine."""
-    optim = {k: v for k, v in config.get("optim", {}).items() if k not in ("threads", "device")}
+    often to write), where the run computes (``optim.threads``, ``optim.device``: a run may resume
+    on another machine) and ``optim.lean_activations`` (what backward keeps, not what it computes)."""
+    how = ("threads", "device", "lean_activations")
+    optim = {k: v for k, v in config.get("optim", {}).items() if k not in how}
     kept = {**{k: v for k, v in config.items() if k != "output"}, "optim": optim}
     h = hashlib.sha256(json.dumps(kept, sort_keys=True).encode())
     for ids in encoded:

@@ -32,6 +32,7 @@ import torch
 
 from sage_rl.train.batch import PreparedSample, TokenBatch, collate, micro_batches
 from sage_rl.train.config import LoraConfig, TrainerConfig
+from sage_rl.train.lean import lean_activations
 from sage_rl.train.logprobs import ChunkedHead, token_logprobs
 from sage_rl.train.lora import with_lora
 from sage_rl.train.loss import LossOutput, clipped_surrogate, tis_weights
@@ -291,7 +292,11 @@ class Trainer:
         self, model: Any, b: TokenBatch, with_entropy: bool, past: KV | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         dtype = self.autocast_dtype
-        with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        lean = self.cfg.lean_activations and torch.is_grad_enabled()
+        with (
+            torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None),
+            lean_activations(model, lean),
+        ):
             if self.head is not None and model is self.model:
                 return self.head.logprobs(b, with_entropy, past, self.temperature)
             # Logits only from the first trained position on: prompt logits are never used.
