@@ -22,9 +22,10 @@ Exact: same loss and gradients as the per-sample forward (``train/prefix.py``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -283,20 +284,25 @@ class Trainer:
         assert entropy_BT is not None
         return MicroStep(out, old_logp_BT.detach(), entropy_BT, tis_BT, cap or float("inf"))
 
-    def _autocast(self, fn: Any) -> Any:
-        dtype = self.autocast_dtype
-        with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            return fn()
-
-    def _logprobs(
-        self, model: Any, b: TokenBatch, with_entropy: bool, past: KV | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    @contextlib.contextmanager
+    def _forward_mode(self, model: Any) -> Iterator[None]:
+        """bf16 autocast where configured; lean activations (``train/lean.py``) when it trains."""
         dtype = self.autocast_dtype
         lean = self.cfg.lean_activations and torch.is_grad_enabled()
         with (
             torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None),
             lean_activations(model, lean),
         ):
+            yield
+
+    def _autocast(self, fn: Any) -> Any:
+        with self._forward_mode(self.model):
+            return fn()
+
+    def _logprobs(
+        self, model: Any, b: TokenBatch, with_entropy: bool, past: KV | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with self._forward_mode(model):
             if self.head is not None and model is self.model:
                 return self.head.logprobs(b, with_entropy, past, self.temperature)
             # Logits only from the first trained position on: prompt logits are never used.
