@@ -111,6 +111,8 @@ def switchable(model: Any) -> list[tuple[Any, Any]]:
     ``SwiGLU`` / ``RMSNorm`` do."""
     out = []
     for m in model.modules():
+        if "forward" in vars(m):  # already replaced on the instance (a hook): leave it be
+            continue
         name = type(m).__name__
         if name in MLPS and type(getattr(m, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation"):
             if _plain(m.gate_proj, m.up_proj, m.down_proj):
