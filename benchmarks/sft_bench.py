@@ -21,6 +21,9 @@ Modes, called round-robin so that a change of the machine's load hits each alike
 - ``shared_full``: ``shared`` with ``optim.lean_activations: false`` (autograd keeps every
   intermediate of the MLPs and norms; ``train/lean.py``): ``ratio_shared_vs_shared_full`` is what
   recomputing them costs, ``saved_mb_longest_row`` per mode what it saves;
+- ``shared_frozen``: ``shared`` with the bottom ``--freeze`` decoder layers frozen
+  (``optim.freeze_layers``, the main job's 10 by default; ``train/freeze.py``): backward through the
+  top layers only; ``ratio_shared_frozen_vs_shared`` is its gain per step;
 - ``shared_lora``: ``shared`` through LoRA adapters (the recipe's ``sft.lora`` defaults: r 16,
   alpha 32, all linear layers): no weight gradients for the frozen layers and AdamW over the
   adapters only; ``ratio_shared_lora_vs_shared`` is its gain per step (what it does to the model
@@ -47,6 +50,7 @@ import torch
 
 from sage_rl.agent.render import ChatRenderer
 from sage_rl.data.records import read_jsonl
+from sage_rl.train.freeze import frozen_bottom
 from sage_rl.train.lora import with_lora
 from sage_rl.train.optim import build_optimizer, optimizer_step
 from sage_rl.train.sft import forward_loss_sum
@@ -59,22 +63,31 @@ MODES = {  # packing, shared openings, attention, lean activations
     "shared": (True, True, "segments", True),
     "shared_dense": (True, True, "dense", True),
     "shared_full": (True, True, "segments", False),
+    "shared_frozen": (True, True, "segments", True),
     "shared_lora": (True, True, "segments", True),
 }
 
 
 def step_fn(
-    model: Any, rows: list[list[Encoded]], share: bool, pad_id: int, attention: str, lean: bool
+    model: Any,
+    rows: list[list[Encoded]],
+    share: bool,
+    pad_id: int,
+    attention: str,
+    lean: bool,
+    freeze: int = 0,
 ) -> Any:
-    opt = build_optimizer(model, 1e-6)
+    with frozen_bottom(model, freeze):
+        opt = build_optimizer(model, 1e-6)
     batches = [collate([row], pad_id, share) for row in rows]
     n_trained = sum(b.num_trained for b in batches)
 
     def step() -> None:
         model.train()
-        for b in batches:
-            (forward_loss_sum(model, b, attention, lean) / n_trained).backward()
-        optimizer_step(opt, 1.0, 1e-6)
+        with frozen_bottom(model, freeze):
+            for b in batches:
+                (forward_loss_sum(model, b, attention, lean) / n_trained).backward()
+            optimizer_step(opt, 1.0, 1e-6)
 
     return step, sum(int(b.input_ids_BT.numel()) for b in batches), batches
 
@@ -105,6 +118,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--warmup", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--freeze", type=int, default=10, help="frozen bottom layers in shared_frozen")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     a = p.parse_args()
     torch.set_num_threads(a.threads)
@@ -124,13 +138,16 @@ def main() -> None:
         copied = copy.deepcopy(model)
         if mode.endswith("_lora"):
             copied = with_lora(copied, SFTLora(enabled=True).adapters())
-        fns[mode], row_tokens, batches = step_fn(copied, rows, share, pad_id, attention, lean)
+        freeze = a.freeze if mode == "shared_frozen" else 0
+        fns[mode], row_tokens, batches = step_fn(copied, rows, share, pad_id, attention, lean, freeze)
         longest = max(batches, key=lambda b: int(b.input_ids_BT.numel()))
+        with frozen_bottom(copied, freeze):
+            kept = saved_mb(copied, longest, attention, lean)
         out[mode] = {
             "rows": len(rows),
             "row_tokens": row_tokens,
             "longest_row": int(longest.input_ids_BT.numel()),
-            "saved_mb_longest_row": round(saved_mb(copied, longest, attention, lean), 1),
+            "saved_mb_longest_row": round(kept, 1),
         }
     load0 = os.getloadavg()[0]
     for _ in range(a.warmup):
@@ -158,10 +175,11 @@ def main() -> None:
         "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)],
         **out,
     }
-    if "shared_lora" in fns and "shared" in fns:
-        result["ratio_shared_lora_vs_shared"] = (
-            out["shared_lora"]["tokens_per_s"] / out["shared"]["tokens_per_s"]
-        )
+    for variant in ("shared_lora", "shared_frozen"):
+        if variant in fns and "shared" in fns:
+            result[f"ratio_{variant}_vs_shared"] = (
+                out[variant]["tokens_per_s"] / out["shared"]["tokens_per_s"]
+            )
     for base in ("packing", "padding", "shared_dense", "shared_full"):
         if base in fns and "shared" in fns:
             result[f"ratio_shared_vs_{base}"] = out["shared"]["tokens_per_s"] / out[base]["tokens_per_s"]

@@ -38,6 +38,7 @@ from rich.progress import (
 from sage_rl.config import dump_config
 from sage_rl.data.records import ChatExample, DatasetError
 from sage_rl.train.checkpoint import save_model
+from sage_rl.train.freeze import frozen_bottom
 from sage_rl.train.lean import lean_activations
 from sage_rl.train.logging import MetricsLogger
 from sage_rl.train.lora import with_lora
@@ -279,42 +280,43 @@ def train_sft(
     data = prepare(examples, conversation, cfg)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     model = with_lora(model, cfg.lora.adapters())
-    opt = build_optimizer(model, cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-    rows_of = epoch_rows(data, cfg)
-    total = num_steps(len(rows_of(0)), cfg)
-    best = BestWeights(cfg.optim.patience, spill=out_dir / ".best.safetensors")  # not 0.5 GB of RSS
-    points = ResumePoints(out_dir / "resume", run_fingerprint(cfg, data), cfg.output.save_every_s)
-    done = points.load(model, opt, best)  # None: a new run
-    log = MetricsLogger(out_dir, resume_offset=done.metrics_offset if done else 0, tag_prefix="sft/")
+    with frozen_bottom(model, cfg.optim.freeze_layers):  # before the optimizer: it takes the trained ones
+        opt = build_optimizer(model, cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+        rows_of = epoch_rows(data, cfg)
+        total = num_steps(len(rows_of(0)), cfg)
+        best = BestWeights(cfg.optim.patience, spill=out_dir / ".best.safetensors")  # not 0.5 GB of RSS
+        points = ResumePoints(out_dir / "resume", run_fingerprint(cfg, data), cfg.output.save_every_s)
+        done = points.load(model, opt, best)  # None: a new run
+        log = MetricsLogger(out_dir, resume_offset=done.metrics_offset if done else 0, tag_prefix="sft/")
 
-    def held_out() -> dict[str, float]:
-        loss_of = lambda group: eval_loss(model, group, cfg, pad_id)  # noqa: E731
-        return eval_by_position(loss_of, data.eval, data.eval_positions, lambda e: e.num_trained)
+        def held_out() -> dict[str, float]:
+            loss_of = lambda group: eval_loss(model, group, cfg, pad_id)  # noqa: E731
+            return eval_by_position(loss_of, data.eval, data.eval_positions, lambda e: e.num_trained)
 
-    evals = done.evals if done else {0: held_out()}  # step -> held-out losses
-    if evals[0] and not done:
-        log.log(0, evals[0])
-    start = done.step if done else 0
-    stream = micro_batches(rows_of, cfg, pad_id, skip=start * cfg.optim.grad_accum)
-    model.train()
-    losses: list[float] = done.losses if done else []
-    step, stop = start, False
-    with progress_bar(show_progress) as bar:
-        task = bar.add_task("sft", total=total, completed=start)
-        for step in range(start + 1, total + 1):
-            metrics = sft_step(model, opt, stream, lr_at(step - 1, total, cfg), cfg)
-            losses.append(metrics["loss"])
-            if data.eval and cfg.output.eval_every and step % cfg.output.eval_every == 0 and step < total:
-                evals[step] = held_out()
-                metrics.update(evals[step])
-                stop = best.update(model, step, evals[step]["eval_loss"])
-            if step % cfg.output.log_every == 0 or step == total or stop:
-                log.log(step, metrics)
-            bar.update(task, advance=1, description=f"sft loss {metrics['loss']:.3f}")
-            if stop:
-                break
-            if step < total and points.due():
-                points.save(model, opt, best, Reached(step, losses, evals, log.offset()))
+        evals = done.evals if done else {0: held_out()}  # step -> held-out losses
+        if evals[0] and not done:
+            log.log(0, evals[0])
+        start = done.step if done else 0
+        stream = micro_batches(rows_of, cfg, pad_id, skip=start * cfg.optim.grad_accum)
+        model.train()
+        losses: list[float] = done.losses if done else []
+        step, stop = start, False
+        with progress_bar(show_progress) as bar:
+            task = bar.add_task("sft", total=total, completed=start)
+            for step in range(start + 1, total + 1):
+                metrics = sft_step(model, opt, stream, lr_at(step - 1, total, cfg), cfg)
+                losses.append(metrics["loss"])
+                if data.eval and cfg.output.eval_every and step % cfg.output.eval_every == 0 and step < total:
+                    evals[step] = held_out()
+                    metrics.update(evals[step])
+                    stop = best.update(model, step, evals[step]["eval_loss"])
+                if step % cfg.output.log_every == 0 or step == total or stop:
+                    log.log(step, metrics)
+                bar.update(task, advance=1, description=f"sft loss {metrics['loss']:.3f}")
+                if stop:
+                    break
+                if step < total and points.due():
+                    points.save(model, opt, best, Reached(step, losses, evals, log.offset()))
     model.eval()
     if step not in evals:
         evals[step] = held_out()

@@ -64,6 +64,12 @@ class SFTOptim(Section):
         description="MLPs and RMSNorms keep only their inputs for backward and recompute the rest "
         "(train/lean.py): the same loss, ~1/3 less activation memory",
     )
+    freeze_layers: int = Field(
+        0,
+        ge=0,
+        description="the bottom N decoder layers do not train and no gradient flows below them "
+        "(train/freeze.py): backward runs through the top layers only; 0 = train every layer",
+    )
     seed: int = 0
     threads: int | None = Field(
         None, gt=0, description="torch CPU threads (None = the cores other processes leave free at the start)"
