@@ -73,6 +73,7 @@ def test_recipe_end_to_end_with_the_tiny_model(tiny_dir, tmp_path):
         "recipe.collect.num_scenarios=3",
         "recipe.sft.optim.max_steps=2",
         "recipe.sft.optim.epochs=4",
+        "recipe.sft.optim.freeze_layers=1",  # the main job freezes 10 of 30; the tiny model has 2
         "recipe.sft.eval_every=1",
         "recipe.sft.data.eval_fraction=0.3",
         "recipe.eval.splits=[train_heldout,dev]",
