@@ -58,3 +58,17 @@ def test_sft_leaves_the_frozen_layers_as_they_were(tiny, tmp_path):
     assert all(p.requires_grad for p in trained.parameters())
     out = trained.get_input_embeddings()(torch.tensor([[1, 2]]))
     assert out.requires_grad  # the hook that stopped the gradient is gone
+
+
+def test_freezing_reaches_through_lora_adapters(tiny, tmp_path):
+    """With LoRA the frozen layers' adapters stay as they were; the top layer's train."""
+    model, tok = copy.deepcopy(tiny[0]), tiny[1]
+    cfg = config(
+        tmp_path,
+        optim={"max_steps": 2, "lr": 1e-2, "grad_accum": 1, "freeze_layers": 1},
+        lora={"enabled": True, "r": 4, "dropout": 0.0, "merge": False},
+    )
+    trained, _ = train_sft(model, tok, examples(), cfg, ChatRenderer(tok).conversation, show_progress=False)
+    lora_b = {k: v for k, v in trained.state_dict().items() if "lora_B" in k}
+    assert lora_b and all(torch.count_nonzero(v) == 0 for k, v in lora_b.items() if ".layers.0." in k)
+    assert any(torch.count_nonzero(v) > 0 for k, v in lora_b.items() if ".layers.1." in k)  # B starts at 0
