@@ -55,14 +55,15 @@ def rows(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_resumed_run_ends_where_an_unbroken_one_does(tiny, tmp_path, monkeypatch):
-    whole_model, whole = train(tiny, config(tmp_path / "whole"))
+@pytest.mark.parametrize("freeze", [0, 1])  # 1: the resume point holds the top layer only
+def test_a_resumed_run_ends_where_an_unbroken_one_does(tiny, tmp_path, monkeypatch, freeze):
+    whole_model, whole = train(tiny, config(tmp_path / "whole", freeze_layers=freeze))
     run = tmp_path / "broken"
     with pytest.raises(Interrupted):
-        train(tiny, config(run), stop_at=6, monkeypatch=monkeypatch)
+        train(tiny, config(run, freeze_layers=freeze), stop_at=6, monkeypatch=monkeypatch)
     state = json.loads((run / "resume" / "state.json").read_text())
     assert state["step"] == 5 and len(state["losses"]) == 5
-    model, resumed = train(tiny, config(run))
+    model, resumed = train(tiny, config(run, freeze_layers=freeze))
     assert (resumed.steps, resumed.best_step) == (whole.steps, whole.best_step)
     assert resumed.first_loss == whole.first_loss and resumed.last_loss == pytest.approx(
         whole.last_loss, abs=1e-6
