@@ -39,6 +39,9 @@ def test_the_laptop_config_asks_for_the_issues_sizes(tmp_path):
     assert sage.recipe is None and sage.init_from == str(tmp_path / "sft" / "final")
     gpu = load_config(TrainConfig, ROOT / "configs/gpu_recipe.yaml", [])
     assert gpu.rollout.groups_per_step >= 8 and gpu.rollout.group_size >= 8
+    laptop = load_config(TrainConfig, ROOT / "configs/laptop_recipe.yaml", [])
+    for full in (laptop, gpu):  # every SFT arm trains every layer (the main job's SFT freezes 10)
+        assert full.recipe.sft.optim.freeze_layers == 0
 
 
 def test_without_library_changes_only_the_library_switch(tmp_path):

@@ -101,9 +101,11 @@ def _overrides(p: Parsed, cfg: Any, fx: Fixtures) -> list[str]:
         run = [f"out_dir={_copy(fx.train_run, fx.tmp, 'resumed')}", "steps=2"] if resume else [out, "steps=1"]
         small = ["rollout.group_size=2", "rollout.groups_per_step=1", "eval.scenarios=1", "init_from=null"]
         return [*run, *small, *AGENT, *_policy(cfg, fx)]
-    if p.path == ("recipe",):  # every stage at toy size (tests/test_recipe.py runs it in full)
+    if p.path == ("recipe",):  # every stage at toy size (tests/test_recipe.py runs it in full); the
+        # main job's SFT freezes 10 layers, the tiny model has 2
         stages = ["steps=1", "rollout.group_size=2", "recipe.collect.num_scenarios=2", "recipe.sft.optim.max_steps=1",
-                  "recipe.sft.eval_every=0", "recipe.eval.splits=[train_heldout]", "recipe.eval.scenarios=1"]  # fmt: skip
+                  "recipe.sft.eval_every=0", "recipe.eval.splits=[train_heldout]", "recipe.eval.scenarios=1",
+                  "recipe.sft.optim.freeze_layers=1"]  # fmt: skip
         return [out, "pocketworld.sandbox=false", *stages, *AGENT, *_policy(cfg, fx)]
     if p.path == ("collect",):
         return ["num_scenarios=1", out, *AGENT, *_policy(cfg, fx)]
