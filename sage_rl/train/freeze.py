@@ -29,7 +29,7 @@ def decoder_layers(model: Any) -> Any:
 
 
 @contextlib.contextmanager
-def frozen_bottom(model: Any, n: int, field: str = "optim.freeze_layers") -> Iterator[None]:
+def frozen_bottom(model: Any, n: int) -> Iterator[None]:
     """Inside the block the bottom ``n`` decoder layers of ``model`` do not train and no gradient
     flows below them; on exit both are as they were. ``n = 0`` changes nothing."""
     if n == 0:
@@ -38,7 +38,7 @@ def frozen_bottom(model: Any, n: int, field: str = "optim.freeze_layers") -> Ite
     layers = decoder_layers(model)
     if not 0 < n < len(layers):
         raise ValueError(
-            f"{field}={n}: the model has {len(layers)} decoder layers, so 0 to {len(layers) - 1}"
+            f"optim.freeze_layers={n}: the model has {len(layers)} decoder layers, so 0 to {len(layers) - 1}"
         )
     params = [p for layer in layers[:n] for p in layer.parameters() if p.requires_grad]
     for p in params:
