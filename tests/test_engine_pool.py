@@ -71,6 +71,26 @@ def test_rows_that_come_go_and_come_back_get_the_per_row_numbers(monkeypatch, co
             assert torch.allclose(a.kv[:, :, :, :n], b.kv[:, :, :, :n], atol=1e-6)
 
 
+def test_bf16_weights_decode_through_the_float32_pool(counted):
+    """bf16 weights (``dtype: bfloat16`` / ``auto`` on a CPU with native bf16) keep a float32 cache:
+    the pool's indexed write casts the new keys and values (it raised a dtype error before)."""
+    model = _tiny("llama")
+    ids = [int(i) for i in torch.randint(0, 96, (20,), generator=torch.Generator().manual_seed(5))]
+    with torch.inference_mode():
+        pooled = NativeRunner(model, dtype=torch.bfloat16)
+        rows = NativeRunner(model, dtype=torch.bfloat16, pooled=False)
+        assert pooled.pool.kv[0].dtype is torch.float32
+        a, b = [pooled.new_cache() for _ in range(3)], [rows.new_cache() for _ in range(3)]
+        starts = [12, 7, 9]
+        pooled.prefill_many(a, [ids[:n] for n in starts])
+        rows.prefill_many(b, [ids[:n] for n in starts])
+        for t in range(3):
+            tokens = [ids[n + t] for n in starts]
+            got, want = pooled.decode(a, tokens), rows.decode(b, tokens)
+            assert got.dtype == want.dtype and torch.allclose(got.float(), want.float(), atol=1e-2)
+    assert counted[0] > 0
+
+
 def test_a_parked_cache_comes_back_to_its_slot_and_an_evicted_one_keeps_its_positions(counted):
     model = _tiny("llama")
     ids = [int(i) for i in torch.randint(0, 96, (24,), generator=torch.Generator().manual_seed(3))]

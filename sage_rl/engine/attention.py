@@ -63,7 +63,7 @@ def attend_pooled(q_BHD, new_B2KD, pool_2SKCD, slots_B, pos_B, mask_S1L, in_orde
     B, H, Dh = q_BHD.shape
     S, L = mask_S1L.shape[0], mask_S1L.shape[2]
     KV = pool_2SKCD.shape[2]
-    pool_2SKCD[:, slots_B, :, pos_B] = new_B2KD
+    pool_2SKCD[:, slots_B, :, pos_B] = new_B2KD.to(pool_2SKCD.dtype)  # bf16 weights, a float32 pool
     k_NLD = pool_2SKCD[0, :S].flatten(0, 1)[:, :L]
     v_NLD = pool_2SKCD[1, :S].flatten(0, 1)[:, :L]
     q_SHD = q_BHD if in_order else q_BHD.new_zeros(S, H, Dh).index_copy_(0, slots_B, q_BHD)
