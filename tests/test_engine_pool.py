@@ -16,13 +16,22 @@ from tests.test_engine import _reference_logits, _tiny
 torch.set_num_threads(1)
 
 
+class Calls(list):
+    """``[layer attentions through the pool]``; ``shared``: the shared prefix each one got."""
+
+    def __init__(self) -> None:
+        super().__init__([0])
+        self.shared: list = []
+
+
 @pytest.fixture
 def counted(monkeypatch):
-    """How many layer attentions went through the pool."""
-    calls = [0]
+    """How many layer attentions went through the pool, and their shared prefixes."""
+    calls = Calls()
 
     def wrapped(*args):
         calls[0] += 1
+        calls.shared.append(args[7])
         return attention.attend_pooled(*args)
 
     monkeypatch.setattr(decoder, "attend_pooled", wrapped)
@@ -89,6 +98,41 @@ def test_bf16_weights_decode_through_the_float32_pool(counted):
             got, want = pooled.decode(a, tokens), rows.decode(b, tokens)
             assert got.dtype == want.dtype and torch.allclose(got.float(), want.float(), atol=1e-2)
     assert counted[0] > 0
+
+
+def test_rows_that_share_a_prefix_read_it_once_and_get_the_per_row_numbers(counted):
+    """Rows whose first tokens are the same (a system prompt) attend that prefix from one slot;
+    the numbers stay the per-row ones, also after a row is cut inside the prefix and continues
+    with other tokens (the shared prefix is found again, shorter)."""
+    model = _tiny("llama")
+    rng = random.Random(1)
+    system = [rng.randrange(96) for _ in range(pool.SHARED_MIN + 16)]
+    with torch.inference_mode():
+        pooled, rows = NativeRunner(model), NativeRunner(model, pooled=False)
+        a, b = [pooled.new_cache() for _ in range(4)], [rows.new_cache() for _ in range(4)]
+        prompts = [system + [rng.randrange(96) for _ in range(rng.randrange(3, 12))] for _ in range(4)]
+        pooled.prefill_many(a, prompts)
+        rows.prefill_many(b, prompts)
+
+        def steps(n: int) -> float:
+            worst = 0.0
+            for _ in range(n):
+                tokens = [rng.randrange(96) for _ in a]
+                worst = max(worst, float((pooled.decode(a, tokens) - rows.decode(b, tokens)).abs().max()))
+            return worst
+
+        assert steps(5) < 1e-5
+        assert counted.shared[-1] == (len(system), a[0].slot)
+        cut = pool.SHARED_MIN + 4  # row 2 leaves the shared tokens at position cut
+        other = [(t + 1) % 96 for t in system[cut:]]
+        for c, runner in ((a[2], pooled), (b[2], rows)):
+            c.truncate(cut)
+            runner.prefill(c, other)
+        assert steps(5) < 1e-5
+        assert counted.shared[-1] == (cut, a[0].slot)
+        a[1].truncate(8), b[1].truncate(8)  # below SHARED_MIN: the prefix is attended per row
+        pooled.prefill(a[1], prompts[0][8:20]), rows.prefill(b[1], prompts[0][8:20])
+        assert steps(3) < 1e-5 and counted.shared[-1] is None
 
 
 def test_a_parked_cache_comes_back_to_its_slot_and_an_evicted_one_keeps_its_positions(counted):

@@ -53,21 +53,38 @@ def attend_padded(q_BHD, kv_B2KD, layer_kv: list[torch.Tensor], starts: list[int
     out_BHD.copy_(o_BKGD.reshape(B, H, Dh))
 
 
-def attend_pooled(q_BHD, new_B2KD, pool_2SKCD, slots_B, pos_B, mask_S1L, in_order, out_BHD) -> None:
+def attend_pooled(q_BHD, new_B2KD, pool_2SKCD, slots_B, pos_B, mask_S1L, in_order, shared, out_BHD) -> None:
     """Attention of one new token per row, the rows' caches being slots of one pool
     (``engine/pool.py``; ``pool_2SKCD``: this layer's ``[k|v, slots, KV, capacity, Dh]``): one
     indexed write of the new keys and values (row b's at slot ``slots_B[b]``, position
     ``pos_B[b]``), then one batched product over the first ``S`` slots, masked by ``mask_S1L``
     (``DecodePool.attention_mask``); ``in_order``: row b sits in slot b (no reordering of
-    ``q`` and the output). ``q`` is pre-scaled."""
+    ``q`` and the output). ``shared``: None, or ``(P, slot)`` when every row holds the same first
+    P positions: those keys and values are read once, from ``slot``, for all rows' queries
+    (one softmax over the joined scores: the same sums, in another order). ``q`` is pre-scaled."""
     B, H, Dh = q_BHD.shape
     S, L = mask_S1L.shape[0], mask_S1L.shape[2]
     KV = pool_2SKCD.shape[2]
+    G = H // KV
     pool_2SKCD[:, slots_B, :, pos_B] = new_B2KD.to(pool_2SKCD.dtype)  # bf16 weights, a float32 pool
-    k_NLD = pool_2SKCD[0, :S].flatten(0, 1)[:, :L]
-    v_NLD = pool_2SKCD[1, :S].flatten(0, 1)[:, :L]
+    P, source = shared if shared is not None else (0, 0)
+    k_NLD = pool_2SKCD[0, :S].flatten(0, 1)[:, P:L]
+    v_NLD = pool_2SKCD[1, :S].flatten(0, 1)[:, P:L]
     q_SHD = q_BHD if in_order else q_BHD.new_zeros(S, H, Dh).index_copy_(0, slots_B, q_BHD)
-    s_NGL = torch.bmm(q_SHD.reshape(S * KV, H // KV, Dh), k_NLD.transpose(1, 2))
+    q_NGD = q_SHD.reshape(S * KV, G, Dh)
+    s_NGL = torch.bmm(q_NGD, k_NLD.transpose(1, 2))
+    if P:  # the shared prefix: all S x G queries of a KV head against its P keys, in one product
+        k_KPD, v_KPD = pool_2SKCD[0, source, :, :P], pool_2SKCD[1, source, :, :P]
+        q_KQD = q_SHD.view(S, KV, G, Dh).transpose(0, 1).reshape(KV, S * G, Dh)
+        s_KQP = torch.bmm(q_KQD, k_KPD.transpose(1, 2))
+        s_NGP = s_KQP.view(KV, S, G, P).transpose(0, 1).reshape(S * KV, G, P)
+        s_NGL = torch.cat((s_NGP, s_NGL), dim=-1)
     s_NGL.view(S, H, L).masked_fill_(mask_S1L, float("-inf"))
-    o_SHD = torch.bmm(torch.softmax(s_NGL, dim=-1), v_NLD).view(S, H, Dh)
+    p_NGL = torch.softmax(s_NGL, dim=-1)
+    o_NGD = torch.bmm(p_NGL[..., P:], v_NLD)
+    if P:
+        p_KQP = p_NGL[..., :P].reshape(S, KV, G, P).transpose(0, 1).reshape(KV, S * G, P)
+        o_KQD = torch.bmm(p_KQP, v_KPD)
+        o_NGD += o_KQD.view(KV, S, G, Dh).transpose(0, 1).reshape(S * KV, G, Dh)
+    o_SHD = o_NGD.view(S, H, Dh)
     out_BHD.copy_(o_SHD if in_order else o_SHD.index_select(0, slots_B))

@@ -32,7 +32,7 @@ from sage_rl.engine.adapters import effective_linear, projection_problem, unwrap
 from sage_rl.engine.attention import attend_causal, attend_padded, attend_pooled, rotate
 from sage_rl.engine.kv import KVCache
 from sage_rl.engine.packed import MAX_ROWS, layer_blocks, pack, packed_linear, wanted
-from sage_rl.engine.pool import DecodePool
+from sage_rl.engine.pool import SHARED_MIN, DecodePool
 
 NATIVE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _CLASS_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
@@ -219,7 +219,7 @@ class NativeRunner:
 
     def _seat(self, caches: list[KVCache], starts: list[int]) -> tuple[torch.Tensor, ...] | None:
         """Seat a decode batch's caches in the pool: (slots, positions, mask, whether row b sits
-        in slot b) for ``attend_pooled``, or None for the per-row path (no pool, one row, the pool full, or
+        in slot b, the shared prefix) for ``attend_pooled``, or None for the per-row path (no pool, one row, the pool full, or
         more than half its span idle)."""
         if self.pool is None or len(caches) < 2:
             return None
@@ -228,11 +228,13 @@ class NativeRunner:
             return None
         mask = self.pool.attention_mask(slots, [s + 1 for s in starts])
         in_order = slots == list(range(len(slots)))  # row b in slot b: no reordering of q and out
+        shared = self.pool.shared_prefix(caches)
         return (
             torch.tensor(slots, device=self.device),
             torch.tensor(starts, device=self.device),
             mask,
             in_order,
+            (shared, slots[0]) if shared >= SHARED_MIN else None,
         )
 
     def _logits(self, h_BD: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ the store is emptied whenever the weights change.
 from __future__ import annotations
 
 import collections
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from sage_rl.engine.pool import DecodePool
 
 _MIN_CAPACITY = 256
+_VERSIONS = itertools.count()  # KVCache.version: unique over the process's caches and truncations
 
 
 class KVCache:
@@ -36,6 +38,8 @@ class KVCache:
         self.kv = torch.empty((self.layers, 2, self.heads, 0, self.dim), dtype=dtype, device=device)
         self.by_layer = self.kv.unbind(0)  # per layer [k|v, heads, capacity, dim] views of ``kv``
         self.ids: list[int] = []
+        #: changes whenever a position's token may change (new cache, truncation); appends keep it
+        self.version = next(_VERSIONS)
         self.pool: DecodePool | None = None  # the pool whose slot ``kv`` is a view of (engine/pool.py)
         self.slot = -1
 
@@ -80,7 +84,9 @@ class KVCache:
 
     def truncate(self, n: int) -> None:
         """Forget positions ``n`` and later (their storage is reused by the next writes)."""
-        del self.ids[n:]
+        if n < len(self.ids):
+            del self.ids[n:]
+            self.version = next(_VERSIONS)
 
     def copy_prefix(self, n: int) -> KVCache:
         """A new cache holding this one's first ``n`` positions."""

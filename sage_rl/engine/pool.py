@@ -12,6 +12,11 @@ turn, which then comes back without a copy); it is copied out to storage of its 
 slot is given to another cache or the pool cannot grow for it. The pool holds its members weakly:
 a cache dropped by the store frees its slot.
 
+Rows that share their first tokens (every episode's system prompt, a group's task) hold the same
+keys and values there: :meth:`DecodePool.shared_prefix` finds that prefix, and the decode attention
+reads it once from one slot for all rows instead of once per row (``attention.attend_pooled``; 8
+rows sharing 850 of 1,180 positions read 2.7x fewer keys and values).
+
 Capacity (positions) grows in steps of :data:`STEP` for all slots at once, by a copy of the pool;
 slots are added when a batch has more rows than free slots. The pool never takes more than a
 quarter of the memory available when it grows; past that, callers use the per-row path.
@@ -22,13 +27,15 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
-from sage_rl.engine.kv import KVCache
+from sage_rl.engine.kv import KVCache, common_prefix
 from sage_rl.engine.packed import available_bytes
 
 STEP = 512  # positions added to every slot when one needs more
 MAX_SLOTS = 64
+SHARED_MIN = 64  # positions: below it a shared prefix is attended per row (the split costs more)
 
 
 class DecodePool:
@@ -41,6 +48,7 @@ class DecodePool:
         self._members: list[weakref.ref[KVCache] | None] = []  # by slot
         self._used: list[int] = []  # by slot: the seat() call that last used it
         self._calls = 0
+        self._shared: tuple[tuple[int, ...], int] = ((), 0)  # (the rows' cache versions, prefix)
 
     @property
     def slots(self) -> int:
@@ -86,6 +94,19 @@ class DecodePool:
                 self._enter(cache, s)
             self._used[slots[j]] = self._calls
         return slots
+
+    def shared_prefix(self, caches: Sequence[KVCache]) -> int:
+        """How many first positions every cache holds for the same tokens (so the same keys and
+        values: a key depends only on the tokens up to it). Recomputed only when a cache of the
+        batch is new or was truncated (its ``version``): appends cannot change it."""
+        key = tuple(c.version for c in caches)
+        if key != self._shared[0]:
+            n = min(len(c) for c in caches)
+            first = np.asarray(caches[0].ids[:n], dtype=np.int64)
+            for cache in caches[1:]:
+                n = common_prefix(cache.ids[:n], first[:n])
+            self._shared = (key, n)
+        return self._shared[1]
 
     def grow(self, rows: int, positions: int) -> bool:
         """At least ``rows`` slots of at least ``positions`` positions (False, unchanged, when
