@@ -53,17 +53,17 @@ def attend_padded(q_BHD, kv_B2KD, layer_kv: list[torch.Tensor], starts: list[int
     out_BHD.copy_(o_BKGD.reshape(B, H, Dh))
 
 
-def attend_pooled(q_BHD, new_B2KD, pool_2SKCD, slots_B, pos_B, mask_S1L, in_order, shared, out_BHD) -> None:
+def attend_pooled(q_BHD, new_B2KD, pool_2SKCD, slots_B, pos_B, bias_S1L, in_order, shared, out_BHD) -> None:
     """Attention of one new token per row, the rows' caches being slots of one pool
     (``engine/pool.py``; ``pool_2SKCD``: this layer's ``[k|v, slots, KV, capacity, Dh]``): one
     indexed write of the new keys and values (row b's at slot ``slots_B[b]``, position
-    ``pos_B[b]``), then one batched product over the first ``S`` slots, masked by ``mask_S1L``
-    (``DecodePool.attention_mask``); ``in_order``: row b sits in slot b (no reordering of
+    ``pos_B[b]``), then one batched product over the first ``S`` slots, masked by adding
+    ``bias_S1L`` (``DecodePool.attention_mask``: 0 or -inf); ``in_order``: row b sits in slot b (no reordering of
     ``q`` and the output). ``shared``: None, or ``(P, slot)`` when every row holds the same first
     P positions: those keys and values are read once, from ``slot``, for all rows' queries
     (one softmax over the joined scores: the same sums, in another order). ``q`` is pre-scaled."""
     B, H, Dh = q_BHD.shape
-    S, L = mask_S1L.shape[0], mask_S1L.shape[2]
+    S, L = bias_S1L.shape[0], bias_S1L.shape[2]
     KV = pool_2SKCD.shape[2]
     G = H // KV
     pool_2SKCD[:, slots_B, :, pos_B] = new_B2KD.to(pool_2SKCD.dtype)  # bf16 weights, a float32 pool
@@ -79,7 +79,7 @@ def attend_pooled(q_BHD, new_B2KD, pool_2SKCD, slots_B, pos_B, mask_S1L, in_orde
         s_KQP = torch.bmm(q_KQD, k_KPD.transpose(1, 2))
         s_NGP = s_KQP.view(KV, S, G, P).transpose(0, 1).reshape(S * KV, G, P)
         s_NGL = torch.cat((s_NGP, s_NGL), dim=-1)
-    s_NGL.view(S, H, L).masked_fill_(mask_S1L, float("-inf"))
+    s_NGL.view(S, H, L).add_(bias_S1L)
     p_NGL = torch.softmax(s_NGL, dim=-1)
     o_NGD = torch.bmm(p_NGL[..., P:], v_NLD)
     if P:
