@@ -58,8 +58,8 @@ def attend_pooled(q_BHD, new_B2KD, pool_2SKCD, slots_B, pos_B, bias_S1L, in_orde
     (``engine/pool.py``; ``pool_2SKCD``: this layer's ``[k|v, slots, KV, capacity, Dh]``): one
     indexed write of the new keys and values (row b's at slot ``slots_B[b]``, position
     ``pos_B[b]``), then one batched product over the first ``S`` slots, masked by adding
-    ``bias_S1L`` (``DecodePool.attention_mask``: 0 or -inf); ``in_order``: row b sits in slot b (no reordering of
-    ``q`` and the output). ``shared``: None, or ``(P, slot)`` when every row holds the same first
+    ``bias_S1L`` (``DecodePool.attention_bias``: 0 or -inf); ``in_order``: row b sits in slot b
+    (no reordering of ``q`` and the output). ``shared``: None, or ``(P, slot)`` when every row holds the same first
     P positions: those keys and values are read once, from ``slot``, for all rows' queries
     (one softmax over the joined scores: the same sums, in another order). ``q`` is pre-scaled."""
     B, H, Dh = q_BHD.shape

@@ -217,25 +217,21 @@ class NativeRunner:
             c.ids.append(i)
         return self._logits(h_BD)
 
-    def _seat(self, caches: list[KVCache], starts: list[int]) -> tuple[torch.Tensor, ...] | None:
-        """Seat a decode batch's caches in the pool: (slots, positions, mask, whether row b sits
-        in slot b, the shared prefix) for ``attend_pooled``, or None for the per-row path (no pool, one row, the pool full, or
-        more than half its span idle)."""
+    def _seat(self, caches: list[KVCache], starts: list[int]) -> tuple | None:
+        """Seat a decode batch's caches in the pool: (slots, positions, score bias, whether row b
+        sits in slot b, the shared prefix) for ``attend_pooled``, or None for the per-row path (no
+        pool, one row, the pool full, or more than half its span idle)."""
         if self.pool is None or len(caches) < 2:
             return None
         slots = self.pool.seat(caches, 1)
         if slots is None or max(slots) + 1 > 2 * len(slots):
             return None
-        mask = self.pool.attention_mask(slots, [s + 1 for s in starts])
+        bias = self.pool.attention_bias(slots, [s + 1 for s in starts])
         in_order = slots == list(range(len(slots)))  # row b in slot b: no reordering of q and out
         shared = self.pool.shared_prefix(caches)
-        return (
-            torch.tensor(slots, device=self.device),
-            torch.tensor(starts, device=self.device),
-            mask,
-            in_order,
-            (shared, slots[0]) if shared >= SHARED_MIN else None,
-        )
+        shared_at = (shared, slots[0]) if shared >= SHARED_MIN else None
+        slots_B, starts_B = torch.tensor(slots, device=self.device), torch.tensor(starts, device=self.device)
+        return slots_B, starts_B, bias, in_order, shared_at
 
     def _logits(self, h_BD: torch.Tensor) -> torch.Tensor:
         h_BD = F.rms_norm(h_BD, h_BD.shape[-1:], self.norm, self.eps)

@@ -136,7 +136,7 @@ class DecodePool:
         cache.pool, cache.slot = self, slot
         cache.adopt(self.kv[:, :, slot])
 
-    def attention_mask(self, slots: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
+    def attention_bias(self, slots: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
         """``[span, 1, L]`` in the pool's dtype, added to the scores: -inf where a score must be
         masked, else 0 (one add a layer costs a sixth of a boolean ``masked_fill``): slot ``s`` (of
         the first ``span = max(slots) + 1``) sees its row's first ``lengths`` positions; slots
