@@ -71,10 +71,11 @@ def auto_threads(others: float, cores: int, ceiling: int) -> int:
 
 
 def pick_threads(
-    samples: int = 10, interval_s: float = 0.05, probe: Callable[[], float | None] = others_running
+    samples: int = 10, interval_s: float = 0.05, probe: Callable[[], float | None] | None = None
 ) -> int:
     """A thread count for one long job (SFT) started now: the cores other processes leave free,
     averaged over ``samples`` probes ``interval_s`` apart; all usable cores where /proc is unreadable."""
+    probe = probe or others_running
     seen = []
     for i in range(samples):
         value = probe()
@@ -95,9 +96,9 @@ class ThreadPolicy:
     number of other processes' running threads, or None when it cannot tell.
     """
 
-    def __init__(self, setting: int | str | None, probe: Callable[[], float | None] = others_running) -> None:
+    def __init__(self, setting: int | str | None, probe: Callable[[], float | None] | None = None) -> None:
         self.setting = threads_setting(setting)
-        self.probe = probe
+        self.probe = probe or others_running  # looked up now, not when the module loaded
         self.cores = usable_cores()
         self._samples: collections.deque[float] = collections.deque(maxlen=WINDOW)
         self._saved: int | None = None
