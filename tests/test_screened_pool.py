@@ -97,8 +97,7 @@ def _runner(suite=None) -> ChainRunner:
 def test_informative_keeps_strictly_between_0_and_1():
     assert informative({"a": 0.0, "b": 0.5, "c": 1.0, "d": 0.25, "e": 0.999}) == ("b", "d", "e")
     assert informative({"a": 0.0, "c": 1.0}) == ()
-    assert [s for s in range(9) if screen_due(s, 0, 4)] == [0, 4, 8]
-    assert [s for s in range(3, 9) if screen_due(s, 3, 4)] == [3, 4, 8]  # a resumed run screens first
+    assert [s for s in range(9) if screen_due(s, 4)] == [0, 4, 8]
 
 
 def test_a_screen_measures_each_templates_sampled_success():

@@ -21,7 +21,8 @@ from pydantic import Field
 
 from sage_rl.config import Section
 from sage_rl.rollout.advantages import Baseline, compute_advantages
-from sage_rl.rollout.chain import ChainRunner, run_group
+from sage_rl.rollout.chain import ChainRunner
+from sage_rl.rollout.journal import StepJournal, run_group_kept
 from sage_rl.rollout.pool import PoolKind
 from sage_rl.rollout.rewards import ChainOutcomes, RewardKind, compute_rewards, env_failed_first
 from sage_rl.skills.library import Library
@@ -153,14 +154,21 @@ class StepBatch:
         return [c for g in self.drawn for c in g.chains]
 
 
-async def rollout_step(runner: ChainRunner, rng: random.Random, cfg: RolloutConfig, step: int = 0) -> StepBatch:
+async def rollout_step(
+    runner: ChainRunner,
+    rng: random.Random,
+    cfg: RolloutConfig,
+    step: int = 0,
+    journal: StepJournal | None = None,
+) -> StepBatch:
     """One step's groups. Without dynamic sampling: one draw of B sequences, all trained. With
     it: draws of B sequences until B groups have a signal (or ``max_draws``); those are trained,
-    all of them, so a lucky last draw may give more than B."""
+    all of them, so a lucky last draw may give more than B. ``journal``: the step's groups kept
+    on disk as they finish (a resumed step samples only those it lacks; rollout/journal.py)."""
     drawn: list[Group] = []
     trained: list[Group] = []
     for _ in range(cfg.max_draws if cfg.dynamic_sampling else 1):
-        batch = await rollout_batch(runner, rng, cfg, step=step, first_index=len(drawn))
+        batch = await rollout_batch(runner, rng, cfg, step=step, first_index=len(drawn), journal=journal)
         groups = [Group.of(chains, cfg) for chains in batch]
         drawn += groups
         trained += [g for g in groups if not cfg.dynamic_sampling or g.has_signal]
@@ -176,10 +184,11 @@ async def rollout_batch(
     library: Library | None = None,
     step: int = 0,
     first_index: int = 0,
+    journal: StepJournal | None = None,
 ) -> list[list[Chain]]:
     """Sample B task sequences from the runner's suite and run G chains of each, all
     concurrently (bounded). ``step`` is the training step (skill provenance); the groups are
-    numbered from ``first_index``."""
+    numbered from ``first_index``; ``journal`` (optional) keeps and gives back finished groups."""
     sample = runner.suite.sample_chain
     sequences = [sample(rng, cfg.chain_length, cfg.split) for _ in range(cfg.groups_per_step)]
     start = library or Library()
@@ -187,7 +196,7 @@ async def rollout_batch(
 
     async def group(i: int, seq) -> list[Chain]:
         async with sem:
-            return await run_group(runner, seq, start, first_index + i, cfg.group_size, step)
+            return await run_group_kept(runner, seq, start, first_index + i, cfg.group_size, step, journal)
 
     groups = list(await asyncio.gather(*(group(i, s) for i, s in enumerate(sequences))))
     check_group_contract(groups)

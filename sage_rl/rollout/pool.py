@@ -14,8 +14,12 @@ How:
 - **Pool.** The templates with ``0 < success < 1`` (:func:`informative`). The step's task
   sequences are drawn as without a pool (uniform template, fresh train seed), from those templates
   only. An empty pool (every template solved or hopeless) draws from every template, as without one.
-- **Refresh.** The first step a run makes (step 0, or the first after ``--resume``) screens, and
-  then every ``screen_every`` steps, so the pool follows the model as it changes.
+- **Refresh.** Step 0 screens, and then every ``screen_every``-th step, so the pool follows the
+  model as it changes. A resumed run takes back the screen in force from ``screens.jsonl`` (the
+  last one at or before the step it resumes at) instead of screening again: a run stopped and
+  resumed N times samples, and counts, the same screens as one that never stopped (a run that
+  screened again at each resume would spend its token budget on screens by how often it was
+  stopped). It screens at its first step only when no screen it can use is on record.
 - **Cost.** A screen samples ``templates x screen_samples x chain_length`` tasks (30 x 2 x 2 = 120
   on the laptop experiment, about one B = 8, G = 8 step). Its generated tokens count as sampled
   tokens of the step that screened (``sampled_tokens``, and so ``sampled_token_budget``): runs
@@ -39,7 +43,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sage_rl.rollout.chain import ChainRunner, run_group
+from sage_rl.rollout.chain import ChainRunner
+from sage_rl.rollout.journal import StepJournal, run_group_kept
 from sage_rl.skills.library import Library
 
 SCREENS = "screens.jsonl"
@@ -57,10 +62,9 @@ def informative(success: Mapping[str, float]) -> tuple[str, ...]:
     return tuple(sorted(k for k, s in success.items() if 0.0 < s < 1.0))
 
 
-def screen_due(step: int, first_step: int, every: int) -> bool:
-    """Whether step ``step`` screens: the run's first step (a fresh or a resumed run), then every
-    ``every`` steps."""
-    return step == first_step or step % every == 0
+def screen_due(step: int, every: int) -> bool:
+    """Whether step ``step`` screens: step 0, then every ``every``-th step."""
+    return step % every == 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +79,10 @@ class Screen:
     @property
     def pool(self) -> tuple[str, ...]:
         return informative(self.success)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Screen:
+        return cls(int(row["step"]), dict(row["success"]), int(row["tokens"]), float(row["seconds"]))
 
     def row(self) -> dict[str, Any]:
         return {
@@ -103,8 +111,10 @@ async def screen(
     split: str,
     step: int,
     concurrency: int,
+    journal: StepJournal | None = None,
 ) -> Screen:
-    """Screen every train template of ``runner.suite`` (see the module docstring)."""
+    """Screen every train template of ``runner.suite`` (see the module docstring); ``journal``
+    keeps its finished groups (a resumed step's screen samples only those it lacks)."""
     check_suite(runner.suite)
     names = tuple(runner.suite.train_templates)
     sequences = [runner.suite.scoped([n]).sample_chain(rng, chain_length, split) for n in names]
@@ -113,7 +123,7 @@ async def screen(
 
     async def one(i: int, seq) -> list:
         async with sem:
-            return await run_group(runner, seq, Library(), SCREEN_GROUP_BASE + i, samples, step)
+            return await run_group_kept(runner, seq, Library(), SCREEN_GROUP_BASE + i, samples, step, journal)
 
     groups = await asyncio.gather(*(one(i, s) for i, s in enumerate(sequences)))
     success, tokens = {}, 0
@@ -127,32 +137,63 @@ async def screen(
 class ScreenedPool:
     """The pool of one training run: screens when due and hands out the runner to draw from.
 
-    State: the last screen (a run's pool changes only when it screens again)."""
+    State: the screen in force (a run's pool changes only when it screens again), taken back from
+    ``screens.jsonl`` when the run resumes at ``first_step``."""
 
     def __init__(self, runner: ChainRunner, rollout: Any, seed: int, run_dir: Path, first_step: int) -> None:
         check_suite(runner.suite)
         self._runner, self._cfg, self._seed = runner, rollout, seed
-        self._log, self._first = Path(run_dir) / SCREENS, first_step
-        self.last: Screen | None = None
+        self._log = Path(run_dir) / SCREENS
+        rows = screens(run_dir)
+        if any(int(r["step"]) > first_step for r in rows):  # made by steps this run will make again
+            kept = [r for r in rows if int(r["step"]) <= first_step]
+            self._log.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+            rows = kept
+        self.last: Screen | None = in_force(rows, first_step, rollout.screen_every)
+        #: a screen taken back at the step that made it: its tokens are that step's sampled tokens
+        self._unpaid = self.last is not None and self.last.step == first_step
 
-    async def runner_for(self, step: int) -> tuple[ChainRunner, dict[str, float]]:
+    async def runner_for(
+        self, step: int, journal: StepJournal | None = None
+    ) -> tuple[ChainRunner, dict[str, float]]:
         """The runner whose suite draws from the pool at ``step`` (screening first when due), and
-        the step's ``pool/*`` metrics (``pool/screen_tokens`` are sampled tokens of this step)."""
+        the step's ``pool/*`` metrics (``pool/screen_tokens`` are sampled tokens of this step).
+        ``journal``: the step's journal, which keeps the screen's groups as they finish."""
         cfg, row = self._cfg, {}
-        if self.last is None or screen_due(step, self._first, cfg.screen_every):
+        if self.last is None or (screen_due(step, cfg.screen_every) and self.last.step != step):
             rng = random.Random(f"{self._seed}:screen:{step}")
             self.last = await screen(
-                self._runner, rng, cfg.chain_length, cfg.screen_samples, cfg.split, step, cfg.concurrency
+                self._runner,
+                rng,
+                cfg.chain_length,
+                cfg.screen_samples,
+                cfg.split,
+                step,
+                cfg.concurrency,
+                journal,
             )
             with self._log.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(self.last.row()) + "\n")
+            self._unpaid = True
+        if self._unpaid:
             row = {"pool/screen_tokens": self.last.tokens, "pool/screen_s": self.last.seconds}
             row["pool/screened_success"] = sum(self.last.success.values()) / max(1, len(self.last.success))
+            self._unpaid = False
         pool = self.last.pool
         row["pool/size"] = len(pool)
         if not pool:  # nothing informative: draw from every template, as without a pool
             return self._runner, row
         return dataclasses.replace(self._runner, suite=self._runner.suite.scoped(pool)), row
+
+
+def in_force(rows: list[dict[str, Any]], step: int, every: int) -> Screen | None:
+    """The screen a run resumed at ``step`` draws from: the last screen made at or before it,
+    provided no step due to screen lies after it (pure); None: the run screens at ``step``."""
+    made = [r for r in rows if int(r["step"]) <= step]
+    if not made:
+        return None
+    last = Screen.from_row(made[-1])
+    return last if last.step >= step - step % every else None  # none due since it was made
 
 
 def screens(run_dir: Path) -> list[dict[str, Any]]:
@@ -163,4 +204,4 @@ def screens(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-__all__ = ["PoolKind", "Screen", "ScreenedPool", "informative", "screen", "screen_due", "screens"]
+__all__ = ["PoolKind", "Screen", "ScreenedPool", "in_force", "informative", "screen", "screen_due", "screens"]

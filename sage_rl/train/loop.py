@@ -27,6 +27,7 @@ from sage_rl.eval.metrics import EvalMetrics
 from sage_rl.eval.runner import run_eval
 from sage_rl.rollout.batch import rollout_step
 from sage_rl.rollout.chain import ChainRunner
+from sage_rl.rollout.journal import StepJournal, drop_others, journal_path, weights_digest
 from sage_rl.rollout.pool import PoolKind, ScreenedPool
 from sage_rl.train.checkpoint import save_checkpoint
 from sage_rl.train.config import LoopConfig, TrainEvalConfig
@@ -75,13 +76,18 @@ async def train(
     sampled, done = _sampled_so_far(out, start), start
     screened = cfg.rollout.pool is PoolKind.SCREENED
     pool = ScreenedPool(runner, cfg.rollout, seed, Path(cfg.out_dir), start) if screened else None
+    drop_others(journal_path(out.rollout_file(start + 1)))  # other steps': sampled from other weights
+    settings = dumps({"seed": seed, "rollout": cfg.rollout.model_dump(mode="json"), "params": runner.params})
     for step in range(start, cfg.steps):
         if cfg.sampled_token_budget is not None and sampled >= cfg.sampled_token_budget:
             break  # a resumed run that had already spent its budget
         t0 = time.perf_counter()
+        # the step's groups kept as they finish: a run stopped mid-step resamples only the rest
+        key = f"{weights_digest(getattr(trainer, 'model', None))} {settings}"
+        journal = StepJournal(journal_path(out.rollout_file(step + 1)), key)
         # the screened pool (rollout/pool.py): its screens' tokens are this step's sampled tokens too
-        step_runner, pool_row = await pool.runner_for(step) if pool else (runner, {})
-        batch = await rollout_step(step_runner, step_rng(seed, step), cfg.rollout, step=step)
+        step_runner, pool_row = await pool.runner_for(step, journal) if pool else (runner, {})
+        batch = await rollout_step(step_runner, step_rng(seed, step), cfg.rollout, step=step, journal=journal)
         t1 = time.perf_counter()
         stats = trainer.step(batch.samples, batch.num_chains)
         if stats["updated"]:
@@ -97,13 +103,14 @@ async def train(
         )
         row = {**batch_metrics(batch.drawn_samples), **stats}
         row |= {"groups_drawn": len(batch.drawn), "groups_trained": len(batch.trained)} | pool_row
-        row |= {"time/rollout_s": t1 - t0, "time/train_s": t2 - t1}
+        row |= {"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "groups_reused": journal.reused}
         row |= {"sampled_tokens": step_tokens, "sampled_tokens_total": sampled}
         if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and not last:
             row.update(_eval_row(await _evaluate(runner, cfg.eval, step + 1, progress)))
         logger.log(step + 1, row)
         if (step + 1) % cfg.checkpoint_every == 0 or last:
             save_checkpoint(trainer, out.root, logger.offset(), keep_last=cfg.keep_last)
+        journal.close()  # the step has ended: a resumed run starts after it
         if progress:
             progress.advance(job)
         done = step + 1
