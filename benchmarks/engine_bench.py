@@ -291,6 +291,13 @@ def main() -> None:
     ap.add_argument(
         "--quick", action="store_true", help="300-token prompts, 2 turns of 32 tokens (unless given)"
     )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the systems this many times, alternated: medians and each run's ratio (one run of "
+        "the same code swings by 15%% on a 2-core machine)",
+    )
     ap.add_argument("--llama-python", default=".venv-bench/bin/python")
     ap.add_argument("--no-mismatch", action="store_true", help="skip the sampler-vs-fp32 logprob check")
     if "--quick" in sys.argv:  # its sizes are defaults: --prompt, --turns, --gen still apply
@@ -321,45 +328,72 @@ def main() -> None:
     with console.status("measuring memory bandwidth"):
         bandwidth = read_bandwidth_gbs()
     result["read_bandwidth_gbs"] = round(bandwidth, 1)
+    runs: list[dict] = []
     with Busy() if args.busy else contextlib.nullcontext() as busy:
-        for system in args.systems.split(","):
-            with console.status(
-                f"{system}: {args.episodes} episodes x {args.turns} turns x {args.gen} tokens"
-            ):
-                if system.startswith("policy"):
-                    kwargs = policy_variant(system)
-                    policy = TransformersPolicy(model, tok, max_batch=args.episodes, stop_ids=(), **kwargs)
-                    timer = DecodeTimer(policy.engine.runner, args.episodes)
-                    entry = _timed(lambda p=policy: run_policy(p, prompts, obs, args), busy)
-                    entry["settings"] = {
-                        "dtype": str(policy.dtype or "model"),
-                        "threads": kwargs.get("threads", "auto"),
-                        "packed": getattr(policy.engine.runner, "packed", None),
-                        "pooled": getattr(policy.engine.runner, "pool", None) is not None,
-                    }
-                    entry["engine"] = {k: v for k, v in vars(policy.stats).items() if k != "admitted_at"}
-                    entry["bandwidth_floor"] = floor_report(policy, timer, bandwidth, args)
-                elif system == "hf_generate":
-                    entry = _timed(lambda: run_hf_generate(model, tok.pad_token_id, prompts, obs, args), busy)
-                elif system == "llama_cpp":
-                    if not Path(args.llama_python).exists():
-                        result["systems"]["llama_cpp"] = f"skipped: {args.llama_python} not found"
-                        continue
-                    entry = run_llama_cpp(args.llama_python, prompts, obs, args)
-                else:
-                    raise SystemExit(f"unknown system {system!r}")
-            result["systems"][system] = entry
-            console.print(
-                f"{system}: {entry['tokens_per_s']} tokens/s on {tag}, {entry['load_before_after'][1]}"
-            )
+        for _ in range(args.repeats):
+            result["systems"] = {}
+            measure(args, model, tok, prompts, obs, bandwidth, busy, result, console, tag)
+            runs.append(result["systems"])
+    result["systems"] = runs[0] if len(runs) == 1 else median_runs(runs)
     result["ratios"] = ratios(result["systems"])
+    if len(runs) > 1:
+        result["ratio_runs"] = {k: sorted(ratios(r)[k] for r in runs) for k in result["ratios"]}
     for name, value in result["ratios"].items():
-        console.print(f"{name}: {value}x on {tag}{' beside a 2-thread matmul loop' if args.busy else ''}")
+        spread = f" (runs: {result['ratio_runs'][name]})" if len(runs) > 1 else ""
+        console.print(
+            f"{name}: {value}x{spread} on {tag}{' beside a 2-thread matmul loop' if args.busy else ''}"
+        )
     if not args.no_mismatch:
         with console.status("sampler vs float32 forward logprobs"):
             result["logprob_mismatch_vs_fp32_forward"] = logprob_mismatch(model, tok, prompts, args)
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def median_runs(runs: list[dict]) -> dict:
+    """Each system's run of median tokens/s (an odd count: a measured run, not an average), with
+    every run's tokens/s beside it."""
+    out = {}
+    for name in runs[0]:
+        entries = [r[name] for r in runs if isinstance(r.get(name), dict)]
+        if not entries:
+            out[name] = runs[0][name]
+            continue
+        ordered = sorted(entries, key=lambda e: e["tokens_per_s"])
+        out[name] = ordered[(len(ordered) - 1) // 2] | {
+            "runs_tokens_per_s": [e["tokens_per_s"] for e in entries]
+        }
+    return out
+
+
+def measure(args, model, tok, prompts, obs, bandwidth, busy, result, console, tag) -> None:
+    """One run of every system of ``--systems``, into ``result["systems"]``."""
+    for system in args.systems.split(","):
+        with console.status(f"{system}: {args.episodes} episodes x {args.turns} turns x {args.gen} tokens"):
+            if system.startswith("policy"):
+                kwargs = policy_variant(system)
+                policy = TransformersPolicy(model, tok, max_batch=args.episodes, stop_ids=(), **kwargs)
+                timer = DecodeTimer(policy.engine.runner, args.episodes)
+                entry = _timed(lambda p=policy: run_policy(p, prompts, obs, args), busy)
+                entry["settings"] = {
+                    "dtype": str(policy.dtype or "model"),
+                    "threads": kwargs.get("threads", "auto"),
+                    "packed": getattr(policy.engine.runner, "packed", None),
+                    "pooled": getattr(policy.engine.runner, "pool", None) is not None,
+                }
+                entry["engine"] = {k: v for k, v in vars(policy.stats).items() if k != "admitted_at"}
+                entry["bandwidth_floor"] = floor_report(policy, timer, bandwidth, args)
+            elif system == "hf_generate":
+                entry = _timed(lambda: run_hf_generate(model, tok.pad_token_id, prompts, obs, args), busy)
+            elif system == "llama_cpp":
+                if not Path(args.llama_python).exists():
+                    result["systems"]["llama_cpp"] = f"skipped: {args.llama_python} not found"
+                    continue
+                entry = run_llama_cpp(args.llama_python, prompts, obs, args)
+            else:
+                raise SystemExit(f"unknown system {system!r}")
+        result["systems"][system] = entry
+        console.print(f"{system}: {entry['tokens_per_s']} tokens/s on {tag}, {entry['load_before_after'][1]}")
 
 
 def ratios(systems: dict) -> dict:
