@@ -224,6 +224,19 @@ def test_full_model_kl_reference_is_a_frozen_copy():
     assert all(not p.requires_grad for p in tr.ref_model.parameters())
 
 
+def test_kl_to_the_start_model_is_logged_without_training_on_it():
+    """trainer.log_kl_ref: kl_ref is measured (0 at the start, > 0 once the weights moved) and the
+    weights follow exactly the run that does not measure it (kl_coef 0: not in the loss)."""
+    plain = Trainer(small_model(), None, TrainerConfig(lr=1e-2))
+    logged = Trainer(small_model(), None, TrainerConfig(lr=1e-2, log_kl_ref=True))
+    kl = [logged.step(batch(), num_chains=5)["kl_ref"] for _ in range(2)]
+    assert [plain.step(batch(), num_chains=5)["kl_ref"] for _ in range(2)] == [0.0, 0.0]
+    assert kl[0] == pytest.approx(0.0, abs=1e-7) and kl[1] > 1e-6
+    for (name, p), q in zip(plain.model.named_parameters(), logged.model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    assert all(not p.requires_grad for p in logged.ref_model.parameters())
+
+
 def test_bad_inputs_are_named():
     tr = Trainer(small_model(), None, TrainerConfig())
     with pytest.raises(ValueError, match="empty prompt"):

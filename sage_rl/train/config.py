@@ -43,6 +43,11 @@ class TrainerConfig(Section):
     eps_high: float = Field(0.2, ge=0)
     loss_agg: LossAgg = LossAgg.SEQ_MEAN_TOKEN_MEAN
     kl_coef: float = Field(0.0, ge=0, description="k3 KL to the initial model; 0 = off (no reference kept)")
+    log_kl_ref: bool = Field(
+        False,
+        description="keep the initial model and log kl_ref (k3 to it) every step, also when kl_coef is 0 "
+        "(then it is measured, not trained on: one more forward per micro-batch)",
+    )
     lora: LoraConfig | None = None
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="auto = fp32 on CPU, bf16 on GPU"

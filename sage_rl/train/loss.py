@@ -134,10 +134,11 @@ def clipped_surrogate(
             )
         per_token_BT = weight_BT.detach().to(per_token_BT.dtype) * per_token_BT
     kl_ref_BT = torch.zeros_like(per_token_BT)
-    if ref_logp_BT is not None and kl_coef != 0.0:
-        delta_BT = ref_logp_BT.detach() - logp_BT
+    if ref_logp_BT is not None:  # measured whenever given; in the loss only with a coefficient
+        delta_BT = ref_logp_BT.detach() - (logp_BT if kl_coef != 0.0 else logp_BT.detach())
         kl_ref_BT = torch.exp(delta_BT) - delta_BT - 1.0
-        per_token_BT = per_token_BT + kl_coef * kl_ref_BT
+        if kl_coef != 0.0:
+            per_token_BT = per_token_BT + kl_coef * kl_ref_BT
     loss = aggregate(per_token_BT, mask_BT, agg, n_chains, n_tokens)
     return _with_diagnostics(loss, ratio_BT, log_ratio_BT, adv_B1, mask_BT, kl_ref_BT, eps_low, eps_high)
 

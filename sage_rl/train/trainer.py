@@ -154,7 +154,7 @@ class Trainer:
         self.model = with_lora(model, cfg.lora).to(self.device)
         # Reference for the optional KL term: the initial weights (LoRA: the base, adapters off).
         self.ref_model = None
-        if cfg.kl_coef > 0 and cfg.lora is None:
+        if self.measures_kl_ref and cfg.lora is None:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.head = ChunkedHead.of(self.model, self.device) if cfg.chunked_head else None
         self.share_prefix = cfg.shared_prefix and supported(self.model, self.device)
@@ -263,7 +263,7 @@ class Trainer:
         logp_BT, entropy_BT = self._logprobs(self.model, b, with_entropy=True, past=past)
         if self.cfg.old_logprobs == "same_pass":
             old_logp_BT = logp_BT.detach()
-        ref_logp_BT = self._ref_logprobs(b) if self.cfg.kl_coef > 0 else None
+        ref_logp_BT = self._ref_logprobs(b) if self.measures_kl_ref else None
         cap = self.cfg.tis_cap
         tis_BT = tis_weights(old_logp_BT, b.sampler_logp_BT, cap) if cap is not None else None
         out = clipped_surrogate(
@@ -283,6 +283,11 @@ class Trainer:
         out.loss.backward()
         assert entropy_BT is not None
         return MicroStep(out, old_logp_BT.detach(), entropy_BT, tis_BT, cap or float("inf"))
+
+    @property
+    def measures_kl_ref(self) -> bool:
+        """Whether steps compute the k3 KL to the initial model (in the loss, or only logged)."""
+        return self.cfg.kl_coef > 0 or self.cfg.log_kl_ref
 
     @contextlib.contextmanager
     def _forward_mode(self, model: Any) -> Iterator[None]:
