@@ -161,3 +161,16 @@ def test_a_run_stopped_after_its_screen_takes_it_back_and_pays_it_once(tmp_path,
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("pool/screen_tokens", 0) for r in rows] == [16 * 5, 0]
     assert [r["step"] for r in pool_module.screens(tmp_path)] == [0]
+
+
+def test_a_screen_row_cut_short_is_left_out_and_screened_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(loop_module, "save_checkpoint", lambda *a, **k: None)
+    with pytest.raises(Stopped):  # step 0 screened, then stopped in its first group
+        _train(tmp_path, StoppingPolicy(stop_at=16 + 1), 0, steps=1)
+    log = tmp_path / pool_module.SCREENS
+    log.write_text(log.read_text()[:-20])  # the kill cut the screen's row
+    assert pool_module.screens(tmp_path) == []
+    again = StoppingPolicy()
+    _train(tmp_path, again, 0, steps=1)
+    assert again.n == 8  # the screen's 16 chains came back from the step's journal
+    assert [r["step"] for r in pool_module.screens(tmp_path)] == [0]

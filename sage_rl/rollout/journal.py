@@ -114,7 +114,7 @@ class StepJournal:
         self._groups[index] = tuple(chains)
 
     def close(self) -> None:
-        """The step's rollouts are written: its journal is not needed any more."""
+        """The step has ended (logged, checkpointed when due): its journal is not needed any more."""
         self.path.unlink(missing_ok=True)
 
 

@@ -37,6 +37,7 @@ import asyncio
 import dataclasses
 import enum
 import json
+import logging
 import random
 import time
 from collections.abc import Mapping
@@ -46,6 +47,8 @@ from typing import Any
 from sage_rl.rollout.chain import ChainRunner
 from sage_rl.rollout.journal import StepJournal, run_group_kept
 from sage_rl.skills.library import Library
+
+log = logging.getLogger(__name__)
 
 SCREENS = "screens.jsonl"
 #: Group indices of screening chains start here: they never collide with a step's groups (provenance).
@@ -144,11 +147,11 @@ class ScreenedPool:
         check_suite(runner.suite)
         self._runner, self._cfg, self._seed = runner, rollout, seed
         self._log = Path(run_dir) / SCREENS
-        rows = screens(run_dir)
-        if any(int(r["step"]) > first_step for r in rows):  # made by steps this run will make again
-            kept = [r for r in rows if int(r["step"]) <= first_step]
-            self._log.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-            rows = kept
+        # rows made by steps this run will make again, and a row a kill cut short, are dropped
+        rows = [r for r in screens(run_dir) if int(r["step"]) <= first_step]
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        if self._log.is_file() and self._log.read_text(encoding="utf-8", errors="replace") != text:
+            self._log.write_text(text, encoding="utf-8")
         self.last: Screen | None = in_force(rows, first_step, rollout.screen_every)
         #: a screen taken back at the step that made it: its tokens are that step's sampled tokens
         self._unpaid = self.last is not None and self.last.step == first_step
@@ -197,11 +200,22 @@ def in_force(rows: list[dict[str, Any]], step: int, every: int) -> Screen | None
 
 
 def screens(run_dir: Path) -> list[dict[str, Any]]:
-    """The screen rows a run wrote (``screens.jsonl``), oldest first."""
+    """The screen rows a run wrote (``screens.jsonl``), oldest first; a line that is not a whole
+    screen row (the one a kill cut short) is left out with a warning: its screen is not on record,
+    so a run resumed at its step screens again."""
     path = Path(run_dir) / SCREENS
     if not path.is_file():
         return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        try:
+            row = json.loads(line) if line.strip() else None
+            if row is not None:
+                Screen.from_row(row)
+                rows.append(row)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            log.warning("%s:%d: not a screen row (%s); left out", path, n, type(e).__name__)
+    return rows
 
 
 __all__ = ["PoolKind", "Screen", "ScreenedPool", "in_force", "informative", "screen", "screen_due", "screens"]
