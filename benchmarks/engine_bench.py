@@ -50,6 +50,7 @@ from pathlib import Path
 import torch
 from machine import Busy, cpu_info, reexec_for_isa, uptime
 from rich.console import Console
+from runs_summary import median_runs, ratios
 
 from sage_rl.agent.render import ChatRenderer
 from sage_rl.models import load_model, smollm2_gguf_path
@@ -331,9 +332,7 @@ def main() -> None:
     runs: list[dict] = []
     with Busy() if args.busy else contextlib.nullcontext() as busy:
         for _ in range(args.repeats):
-            result["systems"] = {}
-            measure(args, model, tok, prompts, obs, bandwidth, busy, result, console, tag)
-            runs.append(result["systems"])
+            runs.append(measure(args, model, tok, prompts, obs, bandwidth, busy, console, tag))
     result["systems"] = runs[0] if len(runs) == 1 else median_runs(runs)
     result["ratios"] = ratios(result["systems"])
     if len(runs) > 1:
@@ -350,24 +349,9 @@ def main() -> None:
     sys.stdout.write("\n")
 
 
-def median_runs(runs: list[dict]) -> dict:
-    """Each system's run of median tokens/s (an odd count: a measured run, not an average), with
-    every run's tokens/s beside it."""
-    out = {}
-    for name in runs[0]:
-        entries = [r[name] for r in runs if isinstance(r.get(name), dict)]
-        if not entries:
-            out[name] = runs[0][name]
-            continue
-        ordered = sorted(entries, key=lambda e: e["tokens_per_s"])
-        out[name] = ordered[(len(ordered) - 1) // 2] | {
-            "runs_tokens_per_s": [e["tokens_per_s"] for e in entries]
-        }
-    return out
-
-
-def measure(args, model, tok, prompts, obs, bandwidth, busy, result, console, tag) -> None:
-    """One run of every system of ``--systems``, into ``result["systems"]``."""
+def measure(args, model, tok, prompts, obs, bandwidth, busy, console, tag) -> dict:
+    """One run of every system of ``--systems``: {system: its figures}."""
+    systems: dict = {}
     for system in args.systems.split(","):
         with console.status(f"{system}: {args.episodes} episodes x {args.turns} turns x {args.gen} tokens"):
             if system.startswith("policy"):
@@ -387,25 +371,14 @@ def measure(args, model, tok, prompts, obs, bandwidth, busy, result, console, ta
                 entry = _timed(lambda: run_hf_generate(model, tok.pad_token_id, prompts, obs, args), busy)
             elif system == "llama_cpp":
                 if not Path(args.llama_python).exists():
-                    result["systems"]["llama_cpp"] = f"skipped: {args.llama_python} not found"
+                    systems["llama_cpp"] = f"skipped: {args.llama_python} not found"
                     continue
                 entry = run_llama_cpp(args.llama_python, prompts, obs, args)
             else:
                 raise SystemExit(f"unknown system {system!r}")
-        result["systems"][system] = entry
+        systems[system] = entry
         console.print(f"{system}: {entry['tokens_per_s']} tokens/s on {tag}, {entry['load_before_after'][1]}")
-
-
-def ratios(systems: dict) -> dict:
-    out = {}
-    for name, entry in systems.items():
-        if not name.startswith("policy"):
-            continue
-        for base in ("hf_generate", "llama_cpp"):
-            if isinstance(systems.get(base), dict):
-                for unit in ("tokens_per_s", "tokens_per_cpu_s"):
-                    out[f"{name}/{base} ({unit})"] = round(entry[unit] / systems[base][unit], 2)
-    return out
+    return systems
 
 
 if __name__ == "__main__":
