@@ -24,6 +24,9 @@ Modes, called round-robin so that a change of the machine's load hits each alike
 - ``shared_frozen``: ``shared`` with the bottom ``--freeze`` decoder layers frozen
   (``optim.freeze_layers``, the main job's 10 by default; ``train/freeze.py``): backward through the
   top layers only; ``ratio_shared_frozen_vs_shared`` is its gain per step;
+- ``shared_bf16``: ``shared`` under bfloat16 autocast (``optim.dtype: bfloat16``; weights,
+  gradients and AdamW float32): ``ratio_shared_bf16_vs_shared`` is its gain per step, large where
+  the CPU multiplies bf16 natively (AMX, AVX512-BF16), below 1 where bf16 is emulated;
 - ``shared_lora``: ``shared`` through LoRA adapters (the recipe's ``sft.lora`` defaults: r 16,
   alpha 32, all linear layers): no weight gradients for the frozen layers and AdamW over the
   adapters only; ``ratio_shared_lora_vs_shared`` is its gain per step (what it does to the model
@@ -47,6 +50,7 @@ import time
 from typing import Any
 
 import torch
+from machine import cpu_info
 
 from sage_rl.agent.render import ChatRenderer
 from sage_rl.data.records import read_jsonl
@@ -57,7 +61,7 @@ from sage_rl.train.sft import forward_loss_sum
 from sage_rl.train.sft_config import SFTLora
 from sage_rl.train.sft_data import Encoded, collate, encode_example, fit_length, make_rows
 
-MODES = {  # packing, shared openings, attention, lean activations
+MODES = {  # packing, shared openings, attention, lean activations (shared_bf16: + autocast)
     "padding": (False, False, "segments", True),
     "packing": (True, False, "segments", True),
     "shared": (True, True, "segments", True),
@@ -65,6 +69,7 @@ MODES = {  # packing, shared openings, attention, lean activations
     "shared_full": (True, True, "segments", False),
     "shared_frozen": (True, True, "segments", True),
     "shared_lora": (True, True, "segments", True),
+    "shared_bf16": (True, True, "segments", True),
 }
 
 
@@ -76,6 +81,7 @@ def step_fn(
     attention: str,
     lean: bool,
     freeze: int = 0,
+    amp: torch.dtype | None = None,
 ) -> Any:
     with frozen_bottom(model, freeze):
         opt = build_optimizer(model, 1e-6)
@@ -86,13 +92,13 @@ def step_fn(
         model.train()
         with frozen_bottom(model, freeze):
             for b in batches:
-                (forward_loss_sum(model, b, attention, lean) / n_trained).backward()
+                (forward_loss_sum(model, b, attention, lean, amp) / n_trained).backward()
             optimizer_step(opt, 1.0, 1e-6)
 
     return step, sum(int(b.input_ids_BT.numel()) for b in batches), batches
 
 
-def saved_mb(model: Any, batch: Any, attention: str, lean: bool) -> float:
+def saved_mb(model: Any, batch: Any, attention: str, lean: bool, amp: torch.dtype | None = None) -> float:
     """MiB that autograd keeps for backward in one forward of ``batch`` (parameters not counted)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
@@ -104,7 +110,7 @@ def saved_mb(model: Any, batch: Any, attention: str, lean: bool) -> float:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = forward_loss_sum(model, batch, attention, lean)
+        loss = forward_loss_sum(model, batch, attention, lean, amp)
     del loss
     return sum(seen.values()) / 2**20
 
@@ -139,10 +145,11 @@ def main() -> None:
         if mode.endswith("_lora"):
             copied = with_lora(copied, SFTLora(enabled=True).adapters())
         freeze = a.freeze if mode == "shared_frozen" else 0
-        fns[mode], row_tokens, batches = step_fn(copied, rows, share, pad_id, attention, lean, freeze)
+        amp = torch.bfloat16 if mode == "shared_bf16" else None
+        fns[mode], row_tokens, batches = step_fn(copied, rows, share, pad_id, attention, lean, freeze, amp)
         longest = max(batches, key=lambda b: int(b.input_ids_BT.numel()))
         with frozen_bottom(copied, freeze):
-            kept = saved_mb(copied, longest, attention, lean)
+            kept = saved_mb(copied, longest, attention, lean, amp)
         out[mode] = {
             "rows": len(rows),
             "row_tokens": row_tokens,
@@ -166,6 +173,7 @@ def main() -> None:
         out[mode]["tokens_per_cpu_s"] = tokens / statistics.median(cpu[mode])
     result: dict[str, Any] = {
         "model": a.model,
+        "cpu": cpu_info(),
         "examples": len(encoded),
         "example_tokens": tokens,
         "trained_tokens": sum(e.num_trained for e in encoded),
@@ -175,7 +183,7 @@ def main() -> None:
         "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)],
         **out,
     }
-    for variant in ("shared_lora", "shared_frozen"):
+    for variant in ("shared_lora", "shared_frozen", "shared_bf16"):
         if variant in fns and "shared" in fns:
             result[f"ratio_{variant}_vs_shared"] = (
                 out[variant]["tokens_per_s"] / out["shared"]["tokens_per_s"]

@@ -79,6 +79,7 @@ class SFTResult:
     best_step: int | None = None  # the step whose weights were saved, when chosen by held-out loss
     stopped_early: bool = False  # optim.patience ran out before the planned steps
     eval_loss_by_position: dict[str, float] | None = None  # of the saved weights
+    dtype: str = "float32"  # the compute dtype optim.dtype resolved to on this device
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -169,16 +170,34 @@ def num_steps(n_rows: int, cfg: SFTConfig) -> int:
     return min(steps, cfg.optim.max_steps) if cfg.optim.max_steps else steps
 
 
+def autocast_dtype(dtype: str, model: Any) -> torch.dtype | None:
+    """``optim.dtype`` on ``model``'s device: the autocast dtype, or None for plain float32."""
+    if dtype == "float32":
+        return None
+    if dtype == "bfloat16":
+        return torch.bfloat16
+    from sage_rl.policies.transformers_policy import resolve_dtype  # the sampler's own bf16 test
+
+    return resolve_dtype("auto", model)
+
+
 def forward_loss_sum(
-    model: Any, batch: Batch, attention: str = "segments", lean: bool = True
+    model: Any,
+    batch: Batch,
+    attention: str = "segments",
+    lean: bool = True,
+    autocast: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Sum of the trained tokens' NLL. Only the logits that predict a trained token are computed,
     ``LOSS_CHUNK`` positions at a time (``chunked_nll_sum``; ``logits_to_keep`` where the model's
     head is not a plain linear layer): with a 49k vocabulary they dominate memory otherwise.
     ``attention``: "segments" attends by the row's examples (``train/segments.py``, the same
     numbers, a fraction of the work), "dense" through the row's full mask. ``lean``: MLPs and
-    norms keep only their inputs for backward (``train/lean.py``)."""
-    batch = batch.to(next(model.parameters()).device)
+    norms keep only their inputs for backward (``train/lean.py``; not under autocast).
+    ``autocast``: run the model under ``torch.autocast`` in that dtype (``optim.dtype``); the
+    NLL is summed in float32 either way."""
+    device = next(model.parameters()).device
+    batch = batch.to(device)
     keep_K = batch.loss_positions_K
     targets_BK = batch.labels_BT[:, keep_K + 1]
     inputs = {
@@ -190,11 +209,12 @@ def forward_loss_sum(
     if by_segment:
         inputs["sage_segments"] = layouts(batch.segment_BT)
     head = plain_head(model)
-    with segmented(model) if by_segment else contextlib.nullcontext(), lean_activations(model, lean):
+    amp = torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext()
+    with amp, segmented(model) if by_segment else contextlib.nullcontext(), lean_activations(model, lean):
         if head is None:
             return nll_sum(model(**inputs, logits_to_keep=keep_K).logits, targets_BK)
         hidden_BTD = model.get_decoder()(**inputs).last_hidden_state
-    return chunked_nll_sum(hidden_BTD[:, keep_K], head, targets_BK)
+        return chunked_nll_sum(hidden_BTD[:, keep_K], head, targets_BK)
 
 
 def plain_head(model: Any) -> torch.nn.Linear | None:
@@ -215,10 +235,11 @@ def eval_loss(model: Any, encoded: Sequence[Encoded], cfg: SFTConfig, pad_id: in
     was_training = model.training
     model.eval()
     rows = make_rows(encoded, *row_options(cfg))
+    amp = autocast_dtype(cfg.optim.dtype, model)
     total, tokens = 0.0, 0
     for i in range(0, len(rows), cfg.optim.batch_size):
         batch = collate(rows[i : i + cfg.optim.batch_size], pad_id, sharing(cfg))
-        total += float(forward_loss_sum(model, batch, cfg.optim.attention))
+        total += float(forward_loss_sum(model, batch, cfg.optim.attention, autocast=amp))
         tokens += batch.num_trained
     model.train(was_training)
     return total / max(tokens, 1)
@@ -335,6 +356,7 @@ def train_sft(
         str(ckpt), step, len(data.train), len(data.eval), sum(data.train[i].num_trained for i in picked),
         data.truncated, losses[0], losses[-1], before.get("eval_loss"), after.get("eval_loss"),
         round(time.perf_counter() - t0, 2), chosen if data.eval else None, stop, after or None,
+        str(autocast_dtype(cfg.optim.dtype, model) or torch.float32).removeprefix("torch."),
     )  # fmt: skip
     (out_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
     points.clear()
@@ -352,9 +374,10 @@ def sft_step(
     """One optimizer step over ``grad_accum`` micro-batches; loss = NLL sum / trained tokens of the step."""
     window = [next(stream) for _ in range(cfg.optim.grad_accum)]
     n_tokens = max(1, sum(b.num_trained for _, b in window))
+    amp, o = autocast_dtype(cfg.optim.dtype, model), cfg.optim
     total = 0.0
     for _, batch in window:
-        loss = forward_loss_sum(model, batch, cfg.optim.attention, cfg.optim.lean_activations) / n_tokens
+        loss = forward_loss_sum(model, batch, o.attention, o.lean_activations, autocast=amp) / n_tokens
         loss.backward()
         total += loss.item()
     grad_norm = optimizer_step(opt, cfg.optim.grad_clip, lr)

@@ -70,6 +70,13 @@ class SFTOptim(Section):
         description="the bottom N decoder layers do not train and no gradient flows below them "
         "(train/freeze.py): backward runs through the top layers only; 0 = train every layer",
     )
+    dtype: Literal["float32", "bfloat16", "auto"] = Field(
+        "float32",
+        description="compute dtype of the forward and backward: bfloat16 runs them under torch.autocast "
+        "(weights, gradients, AdamW and the loss stay float32); auto = bfloat16 where the device computes "
+        "it natively (a CUDA GPU with bf16; a CPU with AVX512-BF16 or AMX), else float32. Where bf16 "
+        "is emulated it is several times slower than float32 (docs/LOG.md)",
+    )
     seed: int = 0
     threads: int | None = Field(
         None, gt=0, description="torch CPU threads (None = the cores other processes leave free at the start)"
