@@ -4,6 +4,7 @@ RL tokens, evaluated on ``train_heldout`` and ``dev`` in the paper's table shape
     PYTHONPATH=$PWD .venv/bin/python benchmarks/laptop_recipe.py [--config configs/laptop_recipe.yaml]
         [--out runs/laptop_recipe] [--results docs/results] [--parallel] [key=value ...]
     PYTHONPATH=$PWD .venv/bin/python benchmarks/laptop_recipe.py --quick --out /tmp/lr   # toy size, tiny model
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/laptop_recipe.py --status --out runs/laptop27  # where it stands
 
 The models (``sage_rl/recipe/controls.py`` says what each isolates): ``base``; ``sft`` (skill-library
 SFT, with its library); ``sft_nolib`` (the same weights, ``skills.use_skills=false``: the format
@@ -33,6 +34,7 @@ RL arm from its own start model's measured TGC on those scenarios; TGC by model)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -68,6 +70,7 @@ from sage_rl.recipe.pipeline import (
     train_once,
     with_curriculum,
 )
+from sage_rl.recipe.status import show as show_status
 from sage_rl.runs.collect import run_collect
 from sage_rl.runs.sft import run_sft
 from sage_rl.settings import TrainConfig
@@ -341,9 +344,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--config", default="configs/laptop_recipe.yaml")
     ap.add_argument("--out", default="runs/laptop_recipe", help="run folder (stages resume from it)")
     ap.add_argument(
-        "--results",
-        default=None,
-        help="folder for laptop_recipe.json/.png (default: docs/results; --quick: --out)",
+        "--results", help="folder for laptop_recipe.json/.png (default: docs/results; --quick: --out)"
     )
     ap.add_argument("--quick", action="store_true", help="toy size with the tiny random model (tests)")
     ap.add_argument(
@@ -358,9 +359,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="evaluate two models or splits at a time (two processes, one torch thread each); training "
         "stays one run at a time (an RL trainer peaks near 12 GB at these sizes)",
     )
+    ap.add_argument("--status", action="store_true", help="print where the run in --out stands; run nothing")
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
     args = ap.parse_args(argv)
     out = Path(args.out)
+    if args.status:
+        return {"status": [dataclasses.asdict(s) for s in show_status(out)]}
     results = Path(args.results or (out if args.quick else "docs/results"))
     if args.quick and results.resolve() in {
         (ROOT / "docs" / "results").resolve(),

@@ -36,7 +36,16 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
     assert "heldout_tgc_sft_minus_base" in part and "heldout_tgc_sft_minus_sft_nolib" in part
     assert "heldout_tgc_sage" not in part and part["sampled_tokens_sage"] is None
     assert not (out / "sage").exists() and not (out / "grpo_nolib").exists()
+    state = {s["name"]: s["state"] for s in bench.main(["--status", "--out", str(out)])["status"]}
+    assert list(state)[:12] == [
+        *(f"eval base {s}" for s in ("train_heldout", "dev")), "collect", "sft",
+        *(f"eval {m} {s}" for m in ("sft", "sft_nolib") for s in ("train_heldout", "dev")),
+        "collect inline", "sft inline", "eval sft_inline train_heldout", "eval sft_inline dev",
+    ]  # fmt: skip
+    assert {k for k, v in state.items() if v == "done"} == set(list(state)[:12])
+    assert {k for k, v in state.items() if v == "pending"} == set(list(state)[12:])  # the RL arms and theirs
     row = bench.main(["--quick", "--out", str(out)])
+    assert {s["state"] for s in bench.main(["--status", "--out", str(out)])["status"]} == {"done"}
     assert json.loads((out / "laptop_recipe.json").read_text()) == json.loads(json.dumps(row))
     assert row["models"] == list(MODELS)
 

@@ -1,0 +1,167 @@
+"""Where a recipe run stands, read off its folder: each stage done, running or not started.
+
+The laptop experiment runs for many hours and resumes by stage (``benchmarks/laptop_recipe.py``);
+``--status`` prints this table instead of running anything. Every figure comes from the files the
+stages write (``summary.json``, ``result.json``, ``outcomes.json`` when done; ``metrics.jsonl``,
+the evaluations' trajectories and the collection's ledger while they run), so it can be asked of
+a run in progress, from another process, at any time. A line cut short by a running writer is
+skipped, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sage_rl.recipe.controls import RL_START
+
+#: The evaluations, in the order the experiment runs them (benchmarks/laptop_recipe.py).
+SPLITS = ("train_heldout", "dev")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    state: str  # "done", "running" or "pending"
+    detail: str = ""
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """The whole JSON lines of ``path`` (a torn last line, or an unreadable file, left out)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def evaluation(folder: Path, name: str) -> Stage:
+    done = _json(folder / "outcomes.json")
+    if done is not None:
+        m = done.get("metrics", {})
+        return Stage(
+            name, "done", f"TGC {_pct(m.get('tgc'))}, SGC {_pct(m.get('sgc'))}, {m.get('tasks')} tasks"
+        )
+    chains = sum(len(_rows(p)) for p in folder.glob("trajectories*.jsonl"))
+    return (
+        Stage(name, "running", f"{chains} scenarios finished") if folder.is_dir() else Stage(name, "pending")
+    )
+
+
+def collection(folder: Path, name: str) -> Stage:
+    done = _json(folder / "summary.json")
+    if done is not None:
+        return Stage(
+            name, "done", f"{done.get('examples')} examples from {done['scenarios']['run']} scenarios"
+        )
+    ledger = [r for r in _rows(folder / "progress.jsonl") if r.get("kind") == "scenario"]
+    if folder.is_dir():
+        return Stage(
+            name, "running", f"{len(ledger)} scenarios, {sum(r.get('examples', 0) for r in ledger)} examples"
+        )
+    return Stage(name, "pending")
+
+
+def sft(folder: Path, name: str) -> Stage:
+    done = _json(folder / "result.json")
+    if done is not None:
+        loss = f"held-out loss {done.get('eval_loss_before', 0):.3f} -> {done.get('eval_loss_after', 0):.3f}"
+        return Stage(name, "done", f"steps {done.get('steps')}, {loss}, {done.get('dtype', 'float32')}")
+    rows = _rows(folder / "metrics.jsonl")
+    if not folder.is_dir():
+        return Stage(name, "pending")
+    trained = [r for r in rows if "loss" in r]
+    held = [r for r in rows if "eval_loss" in r]
+    parts = [f"step {trained[-1]['step']}, loss {trained[-1]['loss']:.3f}"] if trained else ["starting"]
+    if held:
+        parts.append(f"held-out {held[-1]['eval_loss']:.3f} at step {held[-1]['step']}")
+    return Stage(name, "running", "; ".join(parts))
+
+
+def rl(folder: Path, name: str) -> Stage:
+    done = _json(folder / "summary.json")
+    if done is not None:
+        return Stage(
+            name, "done", f"{done.get('steps')} steps, {done.get('sampled_tokens'):,} sampled tokens"
+        )
+    if not folder.is_dir():
+        return Stage(name, "pending")
+    budget = _budget(folder / "config.yaml")
+    rows = [r for r in _rows(folder / "metrics.jsonl") if "sampled_tokens_total" in r]
+    if not rows:
+        return Stage(name, "running", "step 1 in progress")
+    last = rows[-1]
+    of = f" / {budget:,}" if budget else ""
+    parts = [
+        f"step {last['step']}: {last['sampled_tokens_total']:,}{of} sampled tokens, success {_pct(last.get('success'))}"
+    ]
+    curve = [r for r in rows if r.get("eval/tgc") is not None]
+    if curve:
+        parts.append(f"held-out curve TGC {_pct(curve[-1]['eval/tgc'])} at step {curve[-1]['step']}")
+    return Stage(name, "running", "; ".join(parts))
+
+
+def _budget(config: Path) -> int | None:
+    try:
+        import yaml
+
+        value = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("sampled_token_budget")
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return value if isinstance(value, int) else None
+
+
+def stages(out: Path) -> list[Stage]:
+    """Every stage of the laptop experiment in ``out``, in the order it runs them."""
+
+    def evals(*models: str) -> list[Stage]:
+        return [evaluation(out / "eval" / f"{m}_{s}", f"eval {m} {s}") for m in models for s in SPLITS]
+
+    return [
+        *evals("base"),
+        collection(out / "expert", "collect"),
+        sft(out / "sft", "sft"),
+        *evals("sft", "sft_nolib"),
+        collection(out / "expert_inline", "collect inline"),
+        sft(out / "sft_inline", "sft inline"),
+        *evals("sft_inline"),
+        *(rl(out / arm, f"rl {arm}") for arm in RL_START),
+        *evals(*RL_START, "sage_nolib"),
+    ]
+
+
+def show(out: Path) -> list[Stage]:
+    """Print ``stages(out)`` as a table (stdout) and return them."""
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = stages(out)
+    table = Table(title=f"{out}: {sum(s.state == 'done' for s in rows)} of {len(rows)} stages done")
+    for column in ("stage", "state", "detail"):
+        table.add_column(column)
+    colour = {"done": "green", "running": "yellow", "pending": "dim"}
+    for s in rows:
+        table.add_row(s.name, f"[{colour[s.state]}]{s.state}[/]", s.detail)
+    Console(width=160).print(table)
+    return rows

@@ -1,0 +1,46 @@
+"""The laptop experiment's ``--status`` (sage_rl/recipe/status.py) read off a run folder in the
+middle of its stages, torn lines and all (the finished run's table is checked in
+tests/test_laptop_recipe.py)."""
+
+import json
+from pathlib import Path
+
+from sage_rl.recipe.status import stages
+
+
+def _lines(path: Path, rows: list[dict], torn: str = "") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + torn)
+
+
+def test_a_run_in_the_middle_of_its_stages(tmp_path):
+    out = tmp_path / "run"
+    metrics = {"tgc": 0.25, "sgc": 0.1, "tasks": 270}
+    for split in ("train_heldout", "dev"):
+        (out / "eval" / f"base_{split}").mkdir(parents=True)
+        (out / "eval" / f"base_{split}" / "outcomes.json").write_text(json.dumps({"metrics": metrics}))
+    (out / "expert").mkdir()
+    (out / "expert" / "summary.json").write_text(json.dumps({"examples": 879, "scenarios": {"run": 300}}))
+    _lines(out / "sft" / "metrics.jsonl", [{"step": 0, "eval_loss": 1.72}, {"step": 1, "loss": 1.6678},
+           {"step": 2, "loss": 1.3391}], torn='{"step": 3, "lo')  # fmt: skip
+    _lines(out / "eval" / "sft_train_heldout" / "trajectories.same_scenario.jsonl", [{}] * 7, torn="{")
+    _lines(out / "sage" / "metrics.jsonl", [
+        {"step": 1, "sampled_tokens_total": 61_000, "success": 0.5, "eval/tgc": None},
+        {"step": 2, "sampled_tokens_total": 118_500, "success": 0.375, "eval/tgc": 0.6},
+    ])  # fmt: skip
+    (out / "sage" / "config.yaml").write_text("steps: 40\nsampled_token_budget: 400000\n")
+    (out / "grpo_lib").mkdir()
+    got = {s.name: (s.state, s.detail) for s in stages(out)}
+    assert got["eval base train_heldout"] == ("done", "TGC 25.0%, SGC 10.0%, 270 tasks")
+    assert got["collect"] == ("done", "879 examples from 300 scenarios")
+    assert got["sft"] == ("running", "step 2, loss 1.339; held-out 1.720 at step 0")
+    assert got["eval sft train_heldout"] == ("running", "7 scenarios finished")
+    assert got["eval sft dev"] == ("pending", "")
+    assert got["collect inline"] == ("pending", "")
+    assert got["rl sage"] == (
+        "running",
+        "step 2: 118,500 / 400,000 sampled tokens, success 37.5%; held-out curve TGC 60.0% at step 2",
+    )
+    assert got["rl grpo_lib"] == ("running", "step 1 in progress")
+    assert got["rl grpo_nolib"] == ("pending", "")
+    assert [s.state for s in stages(tmp_path / "nothing")] == ["pending"] * 23
