@@ -44,3 +44,29 @@ def test_a_run_in_the_middle_of_its_stages(tmp_path):
     assert got["rl grpo_lib"] == ("running", "step 1 in progress")
     assert got["rl grpo_nolib"] == ("pending", "")
     assert [s.state for s in stages(tmp_path / "nothing")] == ["pending"] * 23
+
+
+def test_damaged_files_are_read_as_what_they_hold(tmp_path):
+    out = tmp_path / "run"
+    (out / "eval" / "base_dev").mkdir(parents=True)
+    (out / "eval" / "base_dev" / "outcomes.json").write_text('{"metrics": {"tgc": null}')  # torn
+    (out / "eval" / "base_train_heldout").mkdir(parents=True)
+    (out / "eval" / "base_train_heldout" / "outcomes.json").write_text("[1, 2]")  # not an object
+    (out / "expert").mkdir()
+    (out / "expert" / "summary.json").write_text('{"examples": 5, "scenarios": "lots"}')
+    (out / "sft").mkdir()
+    (out / "sft" / "result.json").write_text('{"steps": 3, "eval_loss_before": null, "eval_loss_after": "x"}')
+    (out / "sage").mkdir()
+    (out / "sage" / "summary.json").write_text('{"steps": 2, "sampled_tokens": null}')
+    (out / "grpo_lib").mkdir()
+    (out / "grpo_lib" / "config.yaml").write_text("sampled_token_budget: [unclosed\n")
+    _lines(
+        out / "grpo_lib" / "metrics.jsonl", [{"step": 1, "sampled_tokens_total": "many"}, ["not", "a", "row"]]
+    )
+    got = {s.name: (s.state, s.detail) for s in stages(out)}
+    assert got["eval base dev"] == ("running", "0 scenarios finished")
+    assert got["eval base train_heldout"] == ("running", "0 scenarios finished")
+    assert got["collect"] == ("done", "5 examples from None scenarios")
+    assert got["sft"] == ("done", "steps 3, held-out loss ? -> ?, float32")
+    assert got["rl sage"] == ("done", "steps 2, ? sampled tokens")
+    assert got["rl grpo_lib"] == ("running", "step 1: ? sampled tokens, success n/a")

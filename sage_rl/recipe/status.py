@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from sage_rl.recipe.controls import RL_START
 
 #: The evaluations, in the order the experiment runs them (benchmarks/laptop_recipe.py).
@@ -29,10 +31,18 @@ class Stage:
 
 
 def _json(path: Path) -> dict[str, Any] | None:
+    """A summary file's object; None when it is missing, unreadable or not a JSON object."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
+
+
+def _get(d: Any, *keys: str) -> Any:
+    for k in keys:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
@@ -52,17 +62,20 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
+def _pct(x: Any) -> str:
+    return f"{100 * x:.1f}%" if isinstance(x, int | float) else "n/a"
+
+
+def _num(x: Any, spec: str) -> str:
+    """``x`` formatted by ``spec``, or "?" where a file held something else (None, a string)."""
+    return format(x, spec) if isinstance(x, int | float) else "?"
 
 
 def evaluation(folder: Path, name: str) -> Stage:
     done = _json(folder / "outcomes.json")
     if done is not None:
-        m = done.get("metrics", {})
-        return Stage(
-            name, "done", f"TGC {_pct(m.get('tgc'))}, SGC {_pct(m.get('sgc'))}, {m.get('tasks')} tasks"
-        )
+        m = {k: _get(done, "metrics", k) for k in ("tgc", "sgc", "tasks")}
+        return Stage(name, "done", f"TGC {_pct(m['tgc'])}, SGC {_pct(m['sgc'])}, {m['tasks']} tasks")
     chains = sum(len(_rows(p)) for p in folder.glob("trajectories*.jsonl"))
     return (
         Stage(name, "running", f"{chains} scenarios finished") if folder.is_dir() else Stage(name, "pending")
@@ -73,7 +86,7 @@ def collection(folder: Path, name: str) -> Stage:
     done = _json(folder / "summary.json")
     if done is not None:
         return Stage(
-            name, "done", f"{done.get('examples')} examples from {done['scenarios']['run']} scenarios"
+            name, "done", f"{done.get('examples')} examples from {_get(done, 'scenarios', 'run')} scenarios"
         )
     ledger = [r for r in _rows(folder / "progress.jsonl") if r.get("kind") == "scenario"]
     if folder.is_dir():
@@ -86,16 +99,20 @@ def collection(folder: Path, name: str) -> Stage:
 def sft(folder: Path, name: str) -> Stage:
     done = _json(folder / "result.json")
     if done is not None:
-        loss = f"held-out loss {done.get('eval_loss_before', 0):.3f} -> {done.get('eval_loss_after', 0):.3f}"
+        loss = f"held-out loss {_num(done.get('eval_loss_before'), '.3f')} -> {_num(done.get('eval_loss_after'), '.3f')}"
         return Stage(name, "done", f"steps {done.get('steps')}, {loss}, {done.get('dtype', 'float32')}")
     rows = _rows(folder / "metrics.jsonl")
     if not folder.is_dir():
         return Stage(name, "pending")
     trained = [r for r in rows if "loss" in r]
     held = [r for r in rows if "eval_loss" in r]
-    parts = [f"step {trained[-1]['step']}, loss {trained[-1]['loss']:.3f}"] if trained else ["starting"]
+    parts = (
+        [f"step {trained[-1].get('step')}, loss {_num(trained[-1]['loss'], '.3f')}"]
+        if trained
+        else ["starting"]
+    )
     if held:
-        parts.append(f"held-out {held[-1]['eval_loss']:.3f} at step {held[-1]['step']}")
+        parts.append(f"held-out {_num(held[-1]['eval_loss'], '.3f')} at step {held[-1].get('step')}")
     return Stage(name, "running", "; ".join(parts))
 
 
@@ -103,7 +120,7 @@ def rl(folder: Path, name: str) -> Stage:
     done = _json(folder / "summary.json")
     if done is not None:
         return Stage(
-            name, "done", f"{done.get('steps')} steps, {done.get('sampled_tokens'):,} sampled tokens"
+            name, "done", f"steps {done.get('steps')}, {_num(done.get('sampled_tokens'), ',')} sampled tokens"
         )
     if not folder.is_dir():
         return Stage(name, "pending")
@@ -114,18 +131,16 @@ def rl(folder: Path, name: str) -> Stage:
     last = rows[-1]
     of = f" / {budget:,}" if budget else ""
     parts = [
-        f"step {last['step']}: {last['sampled_tokens_total']:,}{of} sampled tokens, success {_pct(last.get('success'))}"
+        f"step {last.get('step')}: {_num(last['sampled_tokens_total'], ',')}{of} sampled tokens, success {_pct(last.get('success'))}"
     ]
     curve = [r for r in rows if r.get("eval/tgc") is not None]
     if curve:
-        parts.append(f"held-out curve TGC {_pct(curve[-1]['eval/tgc'])} at step {curve[-1]['step']}")
+        parts.append(f"held-out curve TGC {_pct(curve[-1]['eval/tgc'])} at step {curve[-1].get('step')}")
     return Stage(name, "running", "; ".join(parts))
 
 
 def _budget(config: Path) -> int | None:
     try:
-        import yaml
-
         value = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("sampled_token_budget")
     except (OSError, ValueError, yaml.YAMLError):
         return None
