@@ -20,6 +20,7 @@ import dataclasses
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from sage_rl.agent.prompts import DEFAULT_TEMPLATES, PromptBuilder, WorkedExample
 from sage_rl.envs.base import Suite
@@ -112,12 +113,11 @@ def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
             max_concurrency=p.max_concurrency,
             timeout_s=p.timeout_s,
         )
-    from sage_rl.models import load_model
     from sage_rl.policies.transformers_policy import TransformersPolicy
 
     set_threads(p)
     if model is None:
-        model, tokenizer = load_model(p.model, device=p.device)
+        model, tokenizer = load_or_build_error(p.model, p.device, "policy.model")
     return TransformersPolicy(
         model,
         tokenizer,
@@ -128,6 +128,16 @@ def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
         column_blocks=p.column_blocks,
         decode_pool=p.decode_pool,
     )
+
+
+def load_or_build_error(source: str | None, device: str, field: str) -> tuple[Any, Any]:
+    """``load_model(source)``; a model that cannot be loaded is a ``BuildError`` naming ``field``."""
+    from sage_rl.models import ModelLoadError, load_model
+
+    try:
+        return load_model(source, device=device)
+    except ModelLoadError as e:
+        raise BuildError(f"{field}: {e}") from None
 
 
 def set_threads(p: PolicyConfig) -> None:
@@ -209,12 +219,12 @@ def open_training(cfg: TrainConfig, resume: bool) -> Training:
     ``resume``. The caller closes ``logger``. The policy is built after the checkpoint (or
     ``init_from``) is loaded, so it starts from those weights; every later in-place change goes
     through ``Training.sync``."""
-    from sage_rl.models import load_model
     from sage_rl.train.checkpoint import open_run
 
     set_threads(cfg.policy)
     source = cfg.init_from or cfg.policy.model  # runs.train.check_start: a set init_from exists
-    model, tokenizer = load_model(source, device=cfg.policy.device)
+    field = "init_from" if cfg.init_from else "policy.model"
+    model, tokenizer = load_or_build_error(source, cfg.policy.device, field)
     trainer = Trainer(model, tokenizer, cfg.trainer, temperature=sampling_params(cfg).temperature)
     logger, start = open_run(
         trainer,

@@ -75,6 +75,27 @@ def test_bad_config_fails_at_start_naming_the_field(tmp_path):
     assert r.returncode == 2 and "rollout.group_size" in r.stderr
     r = _cli("eval", "strategies=[telepathy]", "policy.kind=scripted")
     assert r.returncode == 2 and "telepathy" in r.stderr
+    r = _cli("train", "--frobnicate")  # was "config file not found: --frobnicate"
+    assert r.returncode == 2 and "error: no such option: --frobnicate" in r.stderr
+    r = _cli("eval", "policy.kind=scripted", "--limit", "1")
+    assert r.returncode == 2 and "error: no such option: --limit" in r.stderr
+
+
+def test_a_model_that_cannot_be_loaded_is_a_one_line_error(tmp_path):
+    """Before: ModelLoadError escaped `train` and `eval` as a full traceback."""
+    (tmp_path / "empty_model").mkdir()
+    cases = [
+        (("eval", "policy.model=empty_model", "limit_scenarios=1"), "policy.model: cannot load"),
+        (("train", "init_from=empty_model", "steps=1"), "init_from: cannot load"),
+        (
+            ("train", f"policy.model={tmp_path / 'gone'}", "init_from=null", "steps=1"),
+            "policy.model: model path",
+        ),
+    ]
+    for args, message in cases:
+        r = _cli(*args, f"out_dir={tmp_path / 'out'}", *SMALL, cwd=tmp_path, timeout=300)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert r.stderr.strip().splitlines()[-1].startswith(f"error: {message}"), r.stderr[-1000:]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").rglob("*.yaml")), ids=lambda p: p.name)

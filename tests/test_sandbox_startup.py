@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import pytest
 from typer.testing import CliRunner
@@ -27,7 +28,8 @@ def _eval(*args: str) -> _Run:
     """``sage-rl eval`` with the sandbox on, in this process (a fresh one imports for 15 s on a
     loaded machine); every case here fails before a model is loaded. An exception escaping the
     command (what a user sees as a traceback) fails the test."""
-    res = CliRunner().invoke(app, ["eval", *args, "out_dir=/nonexistent/never-written"])
+    with tempfile.TemporaryDirectory(prefix="sage-rl-startup-") as scratch:  # not under / (CI runs as root)
+        res = CliRunner().invoke(app, ["eval", *args, f"out_dir={scratch}/never-written"])
     assert isinstance(res.exception, SystemExit), res.exc_info
     return _Run(res.exit_code, res.stderr)
 

@@ -163,3 +163,8 @@ def test_cli_bad_data_line_is_a_one_line_error(tmp_path):
     assert "data.jsonl:2:" in out.output
     out = CliRunner().invoke(app, [f"data.path={path}", "optim.epochs=0"])
     assert out.exit_code == 2 and "optim.epochs" in out.output
+    # a file that is not text at all (it was a decode error naming neither file nor line)
+    path.write_bytes(json.dumps(examples(1)[0].to_dict()).encode() + b"\n\xf6\x00\xff\n")
+    out = CliRunner().invoke(app, [str(REPO / "configs" / "sft.yaml"), f"data.path={path}"])
+    assert out.exit_code == 1 and "Traceback" not in out.output
+    assert "data.jsonl:2: not UTF-8 text (byte 0xf6 at column 1)" in " ".join(out.output.split())

@@ -173,8 +173,15 @@ def iter_jsonl(path: str | Path) -> Iterator[ChatExample]:
     p = Path(path)
     if not p.is_file():
         raise DatasetError(f"dataset file not found: {p}")
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with p.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                bad = raw[e.start]
+                raise DatasetError(
+                    f"{p}:{lineno}: not UTF-8 text (byte 0x{bad:02x} at column {e.start + 1})"
+                ) from None
             if not line.strip():
                 continue
             try:

@@ -39,6 +39,14 @@ def split_args(config: str | None, extra: Sequence[str]) -> tuple[str | None, li
 def load_or_exit(model: type[M], config: str | None, extra: Sequence[str], default: str | None = None) -> M:
     """Load the command's config; on a bad config print the message and exit 2 (nothing runs)."""
     path, overrides = split_args(config, extra)
+    unknown = [a for a in (path, *overrides) if a and a.startswith("-") and not Path(a).exists()]
+    if unknown:  # the commands pass unknown options through as arguments: say so, not "file not found"
+        err.print(
+            f"[red]error:[/red] no such option: {unknown[0]} (see --help; settings are key=value)",
+            markup=True,
+            highlight=False,
+        )
+        raise typer.Exit(2)
     if path is None and default and Path(default).is_file():
         path = default
     try:
