@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sage_rl.config import dump_config
+from sage_rl.files import write_atomic
 from sage_rl.recipe.report import write_report
 from sage_rl.runs.collect import run_collect
 from sage_rl.runs.console import err
@@ -150,7 +151,7 @@ def evaluate(ev: EvalRunConfig) -> dict[str, Any]:
     folder = Path(ev.out_dir)
     saved = folder / "outcomes.json"
     if saved.is_file():
-        return json.loads(saved.read_text())
+        return read_summary(saved)
     result = run_evaluation(ev, title=f"{ev.split}: {ev.policy.model or 'base model'}", resume=True)
     strategy = next(iter(result.metrics))
     out = {
@@ -162,7 +163,7 @@ def evaluate(ev: EvalRunConfig) -> dict[str, Any]:
         ],
         "wall_s": round(result.seconds, 1),
     }
-    saved.write_text(json.dumps(out))
+    write_atomic(saved, json.dumps(out))
     return out
 
 
@@ -253,8 +254,24 @@ def _evaluate_all(cfg: TrainConfig, r: RecipeSettings, lay: Layout, stage: str, 
 def run_once(done: Path, command: Callable[..., dict], stage_cfg: Any) -> dict:
     """Run ``command(stage_cfg)`` unless ``done`` (its summary file) exists; returns the summary."""
     if done.is_file():
-        return json.loads(done.read_text())
+        return read_summary(done)
     return command(stage_cfg)
+
+
+def read_summary(path: Path) -> dict:
+    """A finished stage's summary; one that is not a whole JSON object (damaged after the fact:
+    stages write theirs atomically) is a ``RecipeError`` naming it, never a traceback."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise RecipeError(
+            f"{path}: the stage's summary cannot be read ({e}); delete it to run the stage again"
+        ) from None
+    if not isinstance(data, dict):
+        raise RecipeError(
+            f"{path}: the stage's summary is not a JSON object; delete it to run the stage again"
+        )
+    return data
 
 
 def collect_at_least(cfg: CollectConfig, examples: int, collect: Callable[..., dict] = run_collect) -> dict:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sage_rl.eval.ci import format_ci, paired_outcomes
+from sage_rl.files import write_atomic
 
 #: (stage key in the state, column label) of the evaluations, in order.
 EVALS = (("eval_base", "base"), ("eval_sft", "SFT"), ("eval_sage", "SAGE"))
@@ -212,7 +213,7 @@ def write_report(root: Path, cfg: Any, state: Mapping[str, Any]) -> dict[str, An
             for metric in ("tgc", "sgc", "avg_steps", "avg_tokens")
         },
     }  # fmt: skip
-    (root / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_atomic(root / "summary.json", json.dumps(summary, indent=2))
     return summary
 
 

@@ -16,6 +16,7 @@ from sage_rl.collect import REASONS, collect, count_jobs, summarize
 from sage_rl.collect_store import CollectStore
 from sage_rl.config import dump_config
 from sage_rl.data.export import export_hf, export_sharegpt
+from sage_rl.files import write_atomic
 from sage_rl.runs.console import err, progress
 from sage_rl.settings import CollectConfig
 
@@ -109,7 +110,7 @@ def _finish(cfg: CollectConfig, store: CollectStore, wall_s: float) -> dict[str,
         "files": files,
         "wall_s": round(wall_s, 3),
     }
-    (store.folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_atomic(store.folder / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
 

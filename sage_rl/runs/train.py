@@ -16,6 +16,7 @@ from pathlib import Path
 from sage_rl.build import Training, build_runner, open_suite, open_training
 from sage_rl.config import dump_config
 from sage_rl.eval.report import headline_rows
+from sage_rl.files import write_atomic
 from sage_rl.runs.console import err, progress
 from sage_rl.settings import TrainConfig
 from sage_rl.train.layout import RunFolder
@@ -59,7 +60,7 @@ def run_train(cfg: TrainConfig, resume: bool) -> dict:
     finally:
         training.logger.close()
     summary = _summary(result, time.perf_counter() - t0)
-    folder.summary.write_text(json.dumps(summary, indent=2))
+    write_atomic(folder.summary, json.dumps(summary, indent=2))
     folder.report.write_text(_report(cfg, result, summary))
     _plot(folder)
     err.print(f"done in {summary['wall_s']:.0f} s; report: {folder.report}")

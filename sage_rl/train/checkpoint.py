@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sage_rl.files import write_atomic
 from sage_rl.train.layout import STEP_NAME, RunFolder
 from sage_rl.train.logging import MetricsLogger
 from sage_rl.train.trainer import Trainer
@@ -80,7 +81,7 @@ def save_checkpoint(
         os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    _write_atomic(folder.latest, final.name)
+    write_atomic(folder.latest, final.name)
     if keep_last:
         _prune(root, keep_last, final)
     return final
@@ -285,12 +286,6 @@ def _set_rng_states(states: dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _prune(root: Path, keep_last: int, current: Path) -> None:

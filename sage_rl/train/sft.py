@@ -37,6 +37,7 @@ from rich.progress import (
 
 from sage_rl.config import dump_config
 from sage_rl.data.records import ChatExample, DatasetError
+from sage_rl.files import write_atomic
 from sage_rl.train.checkpoint import save_model
 from sage_rl.train.freeze import frozen_bottom
 from sage_rl.train.lean import lean_activations
@@ -358,7 +359,7 @@ def train_sft(
         round(time.perf_counter() - t0, 2), chosen if data.eval else None, stop, after or None,
         str(autocast_dtype(cfg.optim.dtype, model) or torch.float32).removeprefix("torch."),
     )  # fmt: skip
-    (out_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+    write_atomic(out_dir / "result.json", json.dumps(result.to_dict(), indent=2) + "\n")  # marks the stage done
     points.clear()
     return model, result
 

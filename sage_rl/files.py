@@ -1,0 +1,21 @@
+"""Files replaced whole or not at all.
+
+A stage of a long run marks itself done by its summary file (``summary.json``, ``result.json``,
+``outcomes.json``), and a resumed run trusts what it finds there. Written in place, a kill in the
+middle of the write (every session's end stops the laptop experiment) leaves half a file that
+the next start cannot read. Written here, a reader sees the old file or the new one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same folder, then
+    rename it over ``path`` (atomic on POSIX file systems)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
