@@ -19,3 +19,15 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def load_failure(e: BaseException, limit: int = 200) -> str:
+    """One line saying why a file could not be loaded: ``Type: first line``. torch's weights-only
+    unpickler wraps its reason in paragraphs of advice (to load the file with ``weights_only=False``,
+    which would run code from a damaged or foreign file): only the reason is kept."""
+    text = str(e)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        text = text.split(marker, 1)[1]
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{type(e).__name__}: {first[:limit]}" if first else type(e).__name__

@@ -90,14 +90,15 @@ def test_another_runs_resume_point_is_refused(tiny, tmp_path, monkeypatch):
     assert result.steps == 18 and steps == list(range(1, 19))  # steps 1-2 kept, 3-18 trained after
 
 
-@pytest.mark.parametrize("damage", ["state.json", "weights.safetensors"])
+@pytest.mark.parametrize("damage", ["state.json", "weights.safetensors", "optimizer.pt"])
 def test_a_damaged_resume_point_names_the_file(tiny, tmp_path, monkeypatch, damage):
     run = tmp_path / "run"
     with pytest.raises(Interrupted):
         train(tiny, config(run), stop_at=4, monkeypatch=monkeypatch)
     (run / "resume" / damage).write_bytes(b"\x00garbage{")
-    with pytest.raises(ResumeError, match=damage.replace(".", r"\.")):
+    with pytest.raises(ResumeError, match=damage.replace(".", r"\.")) as e:
         train(tiny, config(run))
+    assert "\n" not in str(e.value) and "weights_only" not in str(e.value), str(e.value)  # one line
     assert (run / "resume" / damage).read_bytes() == b"\x00garbage{"  # kept for the user to look at
 
 

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sage_rl.files import write_atomic
+from sage_rl.files import load_failure, write_atomic
 from sage_rl.train.layout import STEP_NAME, RunFolder
 from sage_rl.train.logging import MetricsLogger
 from sage_rl.train.trainer import Trainer
@@ -206,9 +206,7 @@ def _torch_load(path: Path, device: Any) -> Any:
     except FileNotFoundError:
         raise CheckpointError(f"{path} is missing") from None
     except Exception as e:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError, EOFError, ...
-        raise CheckpointError(
-            f"{path} is corrupt or not a checkpoint file ({type(e).__name__}: {e})"
-        ) from None
+        raise CheckpointError(f"{path} is corrupt or not a checkpoint file ({load_failure(e)})") from None
 
 
 def _is_peft(model: Any) -> bool:

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from sage_rl.files import load_failure
 from sage_rl.train.sft_schedule import BestWeights
 
 STATE, WEIGHTS, OPTIMIZER, BEST = "state.json", "weights.safetensors", "optimizer.pt", "best.safetensors"
@@ -127,7 +128,9 @@ class ResumePoints:
             weights = load_file(str(self.folder / WEIGHTS))
             opt_state = torch.load(self.folder / OPTIMIZER, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - any damage to either file is the same error to a user
-            raise ResumeError(f"{self.folder}: cannot read {WEIGHTS} or {OPTIMIZER} ({err})") from err
+            raise ResumeError(
+                f"{self.folder}: cannot read {WEIGHTS} or {OPTIMIZER} ({load_failure(err)})"
+            ) from err
         params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         if set(weights) != set(params):
             raise ResumeError(f"{self.folder / WEIGHTS} does not hold this model's trainable parameters")
