@@ -5,7 +5,7 @@ tests/test_laptop_recipe.py)."""
 import json
 from pathlib import Path
 
-from sage_rl.recipe.status import stages
+from sage_rl.recipe.status import show, stages
 
 
 def _lines(path: Path, rows: list[dict], torn: str = "") -> None:
@@ -60,6 +60,13 @@ def test_damaged_files_are_read_as_what_they_hold(tmp_path):
     (out / "sage" / "summary.json").write_text('{"steps": 2, "sampled_tokens": null}')
     (out / "grpo_lib").mkdir()
     (out / "grpo_lib" / "config.yaml").write_text("sampled_token_budget: [unclosed\n")
+    (out / "grpo_nolib").mkdir()
+    (out / "grpo_nolib" / "config.yaml").write_text("- a list\n")
+    _lines(out / "grpo_nolib" / "metrics.jsonl", [{"step": 1, "sampled_tokens_total": 9, "success": "[/]"}])
+    _lines(
+        out / "expert_inline" / "progress.jsonl",
+        [{"kind": "scenario", "examples": "3"}, {"kind": "scenario", "examples": 2}],
+    )
     _lines(
         out / "grpo_lib" / "metrics.jsonl", [{"step": 1, "sampled_tokens_total": "many"}, ["not", "a", "row"]]
     )
@@ -70,3 +77,8 @@ def test_damaged_files_are_read_as_what_they_hold(tmp_path):
     assert got["sft"] == ("done", "steps 3, held-out loss ? -> ?, float32")
     assert got["rl sage"] == ("done", "steps 2, ? sampled tokens")
     assert got["rl grpo_lib"] == ("running", "step 1: ? sampled tokens, success n/a")
+    assert got["rl grpo_nolib"] == ("running", "step 1: 9 sampled tokens, success n/a")
+    assert got["collect inline"] == ("running", "2 scenarios, 2 examples")
+    (out / "sft" / "result.json").write_text('{"steps": 3, "dtype": "[/bold] [red"}')  # not rich markup
+    shown = show(out)
+    assert {s.name: s.detail for s in shown}["sft"] == "steps 3, held-out loss ? -> ?, [/bold] [red"

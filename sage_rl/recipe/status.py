@@ -91,7 +91,9 @@ def collection(folder: Path, name: str) -> Stage:
     ledger = [r for r in _rows(folder / "progress.jsonl") if r.get("kind") == "scenario"]
     if folder.is_dir():
         return Stage(
-            name, "running", f"{len(ledger)} scenarios, {sum(r.get('examples', 0) for r in ledger)} examples"
+            name,
+            "running",
+            f"{len(ledger)} scenarios, {sum(n for r in ledger if isinstance(n := r.get('examples'), int))} examples",
         )
     return Stage(name, "pending")
 
@@ -141,7 +143,7 @@ def rl(folder: Path, name: str) -> Stage:
 
 def _budget(config: Path) -> int | None:
     try:
-        value = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("sampled_token_budget")
+        value = _get(yaml.safe_load(config.read_text(encoding="utf-8")), "sampled_token_budget")
     except (OSError, ValueError, yaml.YAMLError):
         return None
     return value if isinstance(value, int) else None
@@ -169,6 +171,7 @@ def stages(out: Path) -> list[Stage]:
 def show(out: Path) -> list[Stage]:
     """Print ``stages(out)`` as a table (stdout) and return them."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     rows = stages(out)
@@ -177,6 +180,6 @@ def show(out: Path) -> list[Stage]:
         table.add_column(column)
     colour = {"done": "green", "running": "yellow", "pending": "dim"}
     for s in rows:
-        table.add_row(s.name, f"[{colour[s.state]}]{s.state}[/]", s.detail)
+        table.add_row(s.name, f"[{colour[s.state]}]{s.state}[/]", escape(s.detail))  # file text, not markup
     Console(width=160).print(table)
     return rows
