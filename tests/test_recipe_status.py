@@ -63,6 +63,8 @@ def test_damaged_files_are_read_as_what_they_hold(tmp_path):
     (out / "grpo_nolib").mkdir()
     (out / "grpo_nolib" / "config.yaml").write_text("- a list\n")
     _lines(out / "grpo_nolib" / "metrics.jsonl", [{"step": 1, "sampled_tokens_total": 9, "success": "[/]"}])
+    with (out / "grpo_nolib" / "metrics.jsonl").open("ab") as f:
+        f.write(b"\xff\xfe not UTF-8\n")  # a damaged line: left out, not the whole file
     _lines(
         out / "expert_inline" / "progress.jsonl",
         [{"kind": "scenario", "examples": "3"}, {"kind": "scenario", "examples": 2}],

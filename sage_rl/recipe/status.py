@@ -10,7 +10,6 @@ skipped, never an error.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,8 @@ from typing import Any
 import yaml
 
 from sage_rl.recipe.controls import RL_START
+from sage_rl.recipe.pipeline import RecipeError, read_summary
+from sage_rl.view.read import read_jsonl
 
 #: The evaluations, in the order the experiment runs them (benchmarks/laptop_recipe.py).
 SPLITS = ("train_heldout", "dev")
@@ -31,12 +32,11 @@ class Stage:
 
 
 def _json(path: Path) -> dict[str, Any] | None:
-    """A summary file's object; None when it is missing, unreadable or not a JSON object."""
+    """A finished stage's summary (``pipeline.read_summary``); None when missing or unreadable."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_summary(path)
+    except RecipeError:
         return None
-    return data if isinstance(data, dict) else None
 
 
 def _get(d: Any, *keys: str) -> Any:
@@ -45,21 +45,16 @@ def _get(d: Any, *keys: str) -> Any:
     return d
 
 
+def _object(row: Any) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise ValueError("not a JSON object")
+    return row
+
+
 def _rows(path: Path) -> list[dict[str, Any]]:
-    """The whole JSON lines of ``path`` (a torn last line, or an unreadable file, left out)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    rows = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    """The JSON objects of a JSON Lines file (``view.read.read_jsonl``): torn, non-UTF-8 or
+    non-object lines left out, a missing file empty."""
+    return read_jsonl(path, _object, "row", problems=[])
 
 
 def _pct(x: Any) -> str:
