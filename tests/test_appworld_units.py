@@ -308,6 +308,34 @@ def test_the_bench_takes_a_world_root_and_names_what_is_missing_there(tmp_path: 
     assert table[2].split() == ["evaluate_s", "60.0", "40.0", "1.50"]
 
 
+def test_the_idle_cell_is_compared_with_a_native_cell_after_the_same_idle_gap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """sage-rl's idle cell (``execute_0_calls_ready_s``: sent ``IDLE_S`` after the previous answer)
+    is compared with AppWorld's bare cell after the same gap, not with one run back to back (a CPU
+    that idled runs the next cell about 2x slower, natively too); the wait itself is not timed."""
+    from sage_rl.integrations.appworld import bench, native_bench
+
+    assert bench.VERSUS_NATIVE["execute_0_calls_ready_s"] == "execute_0_calls_ready_s"
+    assert bench.VERSUS_NATIVE["execute_0_calls_s"] == "execute_0_calls_s"
+    clock, gaps, last_return = [100.0], [], [None]
+
+    def sleep(s: float) -> None:
+        clock[0] += s
+
+    def cell() -> None:
+        if last_return[0] is not None:
+            gaps.append(clock[0] - last_return[0])
+        clock[0] += 0.005 if len(gaps) % 2 else 0.003  # 3, 5, 3, 5, 3 ms
+        last_return[0] = clock[0]
+
+    monkeypatch.setattr(native_bench, "_now", lambda: clock[0])
+    monkeypatch.setattr(native_bench.time, "sleep", sleep)
+    median = native_bench._median_after_idle(cell, 5, 0.2)
+    assert median == pytest.approx(0.003)
+    assert gaps == pytest.approx([0.2] * 4)
+
+
 def test_worker_errors_read_as_one_line_and_the_zygote_gets_no_parent_secret(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,7 +12,9 @@ sandbox's layers; its snapshot is forked after the answer). Cells are timed back
 (``execute_*_calls_s``: each waits for the previous cell's snapshot fork) and with the worker idle
 (``execute_0_calls_ready_s``, as after a policy's turn). ``evaluate`` scores the saved state in a
 separate process, prepared while the episode ran (``evaluate_s``) or started by the call
-(``evaluate_cold_s``); natively the world evaluates itself in-process.
+(``evaluate_cold_s``); natively the world evaluates itself in-process. Each is compared with AppWorld
+doing the same the same way (``VERSUS_NATIVE``): the idle cell with a native cell after the same
+idle gap, an evaluation with ``world.evaluate()`` once per episode (``native_bench.py``).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ VERSUS_NATIVE = {
     "reset_s": "construction_s",
     "first_reset_s": "first_construction_s",
     "execute_0_calls_s": "execute_0_calls_s",
-    "execute_0_calls_ready_s": "execute_0_calls_s",
+    "execute_0_calls_ready_s": "execute_0_calls_ready_s",
     "execute_10_calls_s": "execute_10_calls_s",
     "execute_100_calls_s": "execute_100_calls_s",
     "evaluate_s": "evaluate_s",
@@ -172,7 +174,7 @@ def native_figures(paths: AppWorldPaths, task_id: str, repeats: int, timeout_s: 
         private.mkdir()
         (private / "data").symlink_to(paths.data.resolve(), target_is_directory=True)
         proc = subprocess.run(
-            [str(paths.python), str(NATIVE_SCRIPT), str(private), task_id, str(repeats)],
+            [str(paths.python), str(NATIVE_SCRIPT), str(private), task_id, str(repeats), str(IDLE_S)],
             env=zygote_env(paths, Path(home)),
             cwd=private,
             capture_output=True,
