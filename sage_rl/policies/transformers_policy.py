@@ -48,6 +48,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import os
 import random
 import threading
@@ -105,15 +106,17 @@ def _cpu_has_bf16() -> bool:
     )
 
 
-def _cpu_flags() -> set[str]:
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    """The CPU's flags, read once a process (SFT resolves ``dtype: auto`` every step)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return set(next((line for line in f if line.startswith("flags")), "").split())
+            return frozenset(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
-        return set()
+        return frozenset()
 
 
-def bf16_native(flags: set[str], capability: str, onednn_isa: str) -> bool:
+def bf16_native(flags: set[str] | frozenset[str], capability: str, onednn_isa: str) -> bool:
     """See :func:`_cpu_has_bf16`; ``capability`` is ``torch.backends.cpu.get_cpu_capability()``."""
     if not flags & {"avx512_bf16", "amx_bf16"} or not capability.upper().startswith(("AVX512", "AMX")):
         return False

@@ -145,7 +145,7 @@ def _remove_stale(own: str) -> None:
     with contextlib.suppress(OSError), os.scandir(own) as entries:
         for entry in entries:
             tag = entry.name.removeprefix("sage-sandbox-")
-            if tag != entry.name and tag.isdigit() and not _alive(int(tag)):
+            if tag != entry.name and tag.isdigit() and not alive(int(tag)):
                 remove_base(entry.path, wait_s=0)
 
 
@@ -185,12 +185,13 @@ def sweep(base: CgroupBase) -> None:
         return
     with contextlib.suppress(OSError), os.scandir(base.path) as entries:
         for entry in entries:
-            if entry.name[:1] == "w" and entry.name[1:].isdigit() and not _alive(int(entry.name[1:])):
+            if entry.name[:1] == "w" and entry.name[1:].isdigit() and not alive(int(entry.name[1:])):
                 with contextlib.suppress(OSError):
                     os.rmdir(entry.path)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
