@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from sage_rl.cli import _register, app
 from sage_rl.sandbox import IsolationReport, Sandbox, SandboxError, SandboxLimits, isolation
-from sage_rl.sandbox.pool import remove_stale_scratch
+from sage_rl.sandbox.scratch import remove_stale_scratch, scratch_tag
 
 as_root = pytest.mark.skipif(os.getuid() != 0, reason="drop_user applies only when the trainer is root")
 _register("eval")
@@ -115,33 +115,36 @@ def test_scratch_folders_of_dead_runs_are_removed_at_start(tmp_path):
     and what agent code wrote there, in the temp folder. A sandbox's start removes those whose maker
     is gone; a live run's, a name without a pid, and a plain file stay."""
     dead = _dead_pid()
-    stale = tmp_path / f"sage-sandbox-{dead}-abc123"
+    stale = tmp_path / f"sage-sandbox-{scratch_tag(dead)}-abc123"
     (stale / "sub").mkdir(parents=True)
     (stale / "sub" / "written.bin").write_bytes(b"x" * 4096)
-    live = tmp_path / f"sage-sandbox-{os.getpid()}-def456"
+    live = tmp_path / f"sage-sandbox-{scratch_tag()}-def456"
+    elsewhere = tmp_path / f"sage-sandbox-1.{dead}-ghi789"  # another pid namespace: its pids are not ours
     live.mkdir()
     old_style, plain_file, other = (
         tmp_path / "sage-sandbox-q9w8e7",
-        tmp_path / f"sage-sandbox-{dead}-f",
+        tmp_path / f"sage-sandbox-{scratch_tag(dead)}-f",
         tmp_path / "keep",
     )
     old_style.mkdir()
+    elsewhere.mkdir()
     plain_file.write_text("not a folder")
     other.mkdir()
     assert remove_stale_scratch(str(tmp_path)) == [str(stale)]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [live.name, old_style.name, plain_file.name, other.name]
+        [live.name, elsewhere.name, old_style.name, plain_file.name, other.name]
     )
 
     root = tempfile.mkdtemp(prefix="sage-rl-scratch-root-")  # not under pytest's 0700 folders
     os.chmod(root, 0o755)
     try:
-        again = os.path.join(root, f"sage-sandbox-{dead}-zzz")
+        again = os.path.join(root, f"sage-sandbox-{scratch_tag(dead)}-zzz")
         os.mkdir(again)
         with Sandbox(SandboxLimits(scratch_root=root), spares=0) as sandbox:
             assert not os.path.exists(again)
             scratch = sandbox.new_scratch()
-            assert scratch.name.startswith(f"sage-sandbox-{os.getpid()}-")
+            assert scratch.name.startswith(f"sage-sandbox-{scratch_tag()}-")
+            assert scratch_tag().endswith(f".{os.getpid()}") and scratch_tag()[0].isdigit()
             assert remove_stale_scratch(root) == []  # its own run's folder is alive
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from sage_rl.sandbox import memory
 from sage_rl.sandbox.isolation import IsolationReport
 from sage_rl.sandbox.limits import SandboxLimits
+from sage_rl.sandbox.scratch import SCRATCH_PREFIX, remove_stale_scratch, scratch_tag
 
 if TYPE_CHECKING:
     from sage_rl.sandbox.session import Session
@@ -44,26 +45,6 @@ _CONTROL_TIMEOUT_S = 20.0
 #: Address space a worker needs beyond the template's for its own heap (applying its layers and a
 #: small cell take under 1 MiB; this leaves room for ordinary code).
 _WORKER_START_BYTES = 16 << 20
-
-
-#: A scratch folder is ``sage-sandbox-<pid of the process that made it>-<random>``.
-SCRATCH_PREFIX = "sage-sandbox-"
-
-
-def remove_stale_scratch(root: str | None) -> list[str]:
-    """Remove the scratch folders (and what agent code wrote there) left in ``root`` (the temp
-    folder when None) by processes that are gone: a run killed at once (SIGKILL, the end of a
-    session) never removes its episodes' folders. A folder whose maker is alive, or whose name
-    carries no pid, is left alone. Returns the paths removed."""
-    removed = []
-    with contextlib.suppress(OSError), os.scandir(root or tempfile.gettempdir()) as entries:
-        for entry in entries:
-            pid, _, rest = entry.name.removeprefix(SCRATCH_PREFIX).partition("-")
-            ours = entry.name.startswith(SCRATCH_PREFIX) and rest and pid.isdigit()
-            if ours and entry.is_dir(follow_symlinks=False) and not memory.alive(int(pid)):
-                shutil.rmtree(entry.path, ignore_errors=True)
-                removed.append(entry.path)
-    return removed
 
 
 class SandboxError(RuntimeError):
@@ -144,7 +125,7 @@ class Sandbox:
 
     def new_scratch(self) -> Path:
         """A private folder for one episode, owned by the worker's user."""
-        path = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=self.limits.scratch_root)
+        path = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{scratch_tag()}-", dir=self.limits.scratch_root)
         if os.getuid() == 0 and self.limits.drop_user:
             with contextlib.suppress(KeyError, OSError):
                 pw = pwd.getpwnam(self.limits.drop_user)
