@@ -134,3 +134,22 @@ def test_the_best_weights_are_those_of_the_resume_points_time(tmp_path):
     with torch.no_grad():
         fresh.weight.zero_()
     assert fresh_best.restore(fresh) and torch.equal(fresh.weight, at_step_2)
+
+
+def test_a_run_resumed_in_another_precision_says_so(tiny, tmp_path, monkeypatch):
+    """``optim.dtype: auto`` resolves per CPU and the fingerprint holds "auto": a run started where it
+    is bfloat16 and resumed where it is float32 (another machine) goes on, and its result names both
+    stretches instead of claiming one precision."""
+    from sage_rl.policies import transformers_policy
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(transformers_policy, "_cpu_has_bf16", lambda: True)
+    with pytest.raises(Interrupted):
+        train(tiny, config(run, dtype="auto"), stop_at=4, monkeypatch=monkeypatch)
+    state = json.loads((run / "resume" / "state.json").read_text())
+    assert state["step"] == 3 and state["dtypes"] == [[1, "bfloat16"]]
+    monkeypatch.setattr(transformers_policy, "_cpu_has_bf16", lambda: False)
+    _, result = train(tiny, config(run, dtype="auto"))
+    assert result.dtype == "mixed" and result.dtype_by_step == {"1": "bfloat16", "4": "float32"}
+    _, plain = train(tiny, config(tmp_path / "plain", dtype="auto"))  # one stretch: one name
+    assert plain.dtype == "float32" and plain.dtype_by_step is None

@@ -58,7 +58,7 @@ from sage_rl.train.sft_data import (
     nll_sum,
     split_by_scenario,
 )
-from sage_rl.train.sft_resume import Reached, ResumePoints, fingerprint
+from sage_rl.train.sft_resume import Reached, ResumePoints, fingerprint, stretches
 from sage_rl.train.sft_schedule import BestWeights, epoch_selection, eval_by_position
 
 
@@ -80,7 +80,8 @@ class SFTResult:
     best_step: int | None = None  # the step whose weights were saved, when chosen by held-out loss
     stopped_early: bool = False  # optim.patience ran out before the planned steps
     eval_loss_by_position: dict[str, float] | None = None  # of the saved weights
-    dtype: str = "float32"  # the compute dtype optim.dtype resolved to on this device
+    dtype: str = "float32"  # the compute dtype optim.dtype resolved to on this device ("mixed": see next)
+    dtype_by_step: dict[str, str] | None = None  # first step -> dtype, where a resume changed it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -319,6 +320,7 @@ def train_sft(
         if evals[0] and not done:
             log.log(0, evals[0])
         start = done.step if done else 0
+        dtypes = stretches(done.dtypes if done else (), start, autocast_dtype(cfg.optim.dtype, model))
         stream = micro_batches(rows_of, cfg, pad_id, skip=start * cfg.optim.grad_accum)
         model.train()
         losses: list[float] = done.losses if done else []
@@ -338,7 +340,7 @@ def train_sft(
                 if stop:
                     break
                 if step < total and points.due():
-                    points.save(model, opt, best, Reached(step, losses, evals, log.offset()))
+                    points.save(model, opt, best, Reached(step, losses, evals, log.offset(), dtypes))
     model.eval()
     if step not in evals:
         evals[step] = held_out()
@@ -357,9 +359,11 @@ def train_sft(
         str(ckpt), step, len(data.train), len(data.eval), sum(data.train[i].num_trained for i in picked),
         data.truncated, losses[0], losses[-1], before.get("eval_loss"), after.get("eval_loss"),
         round(time.perf_counter() - t0, 2), chosen if data.eval else None, stop, after or None,
-        str(autocast_dtype(cfg.optim.dtype, model) or torch.float32).removeprefix("torch."),
+        dtypes[0][1] if len(dtypes) == 1 else "mixed", {str(a): b for a, b in dtypes} if len(dtypes) > 1 else None,
     )  # fmt: skip
-    write_atomic(out_dir / "result.json", json.dumps(result.to_dict(), indent=2) + "\n")  # marks the stage done
+    write_atomic(
+        out_dir / "result.json", json.dumps(result.to_dict(), indent=2) + "\n"
+    )  # marks the stage done
     points.clear()
     return model, result
 

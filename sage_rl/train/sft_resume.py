@@ -13,7 +13,10 @@ the micro-batches those steps consumed (the data order is a function of the seed
 goes on: the same weights, step for step, as a run that was never stopped. The folder is replaced
 atomically (written beside, then renamed), and removed when the run ends. The fingerprint is the
 config (less ``output``) and the encoded data: a resume point of another run is an error that names
-what differs, never silently mixed in; a damaged one is an error that names the file.
+what differs, never silently mixed in; a damaged one is an error that names the file. The config
+holds ``optim.dtype: auto``, not what it resolved to: a run resumed on a CPU where it resolves
+otherwise goes on in that precision, with a warning, and its result says ``dtype: mixed`` and from
+which step each ran (``dtype_by_step``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import base64
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import time
@@ -35,6 +39,8 @@ from safetensors.torch import load_file, save_file
 
 from sage_rl.files import load_failure
 from sage_rl.train.sft_schedule import BestWeights
+
+log = logging.getLogger(__name__)
 
 STATE, WEIGHTS, OPTIMIZER, BEST = "state.json", "weights.safetensors", "optimizer.pt", "best.safetensors"
 
@@ -51,6 +57,7 @@ class Reached:
     losses: list[float]
     evals: dict[int, dict[str, float]]  # step -> held-out losses
     metrics_offset: int  # bytes of metrics.jsonl written by then
+    dtypes: tuple[tuple[int, str], ...] = ()  # (first step, compute dtype) of each stretch so far
 
 
 def fingerprint(config: dict[str, Any], encoded: list[tuple[int, ...]]) -> str:
@@ -64,6 +71,19 @@ def fingerprint(config: dict[str, Any], encoded: list[tuple[int, ...]]) -> str:
     for ids in encoded:
         h.update(array("q", [len(ids), *ids]).tobytes())
     return h.hexdigest()
+
+
+def stretches(
+    before: tuple[tuple[int, str], ...], start: int, amp: torch.dtype | None
+) -> tuple[tuple[int, str], ...]:
+    """The run's (first step, compute dtype) stretches once it goes on from ``start`` in ``amp``: a
+    resume point written where ``optim.dtype: auto`` resolved otherwise (another CPU) says so."""
+    now = str(amp or torch.float32).removeprefix("torch.")
+    if before and before[-1][1] == now:
+        return before
+    if before:
+        log.warning("SFT resumes at step %d in %s; steps before ran in %s", start + 1, now, before[-1][1])
+    return (*before, (start + 1, now))
 
 
 class ResumePoints:
@@ -99,6 +119,7 @@ class ResumePoints:
             "losses": done.losses,
             "evals": {str(k): v for k, v in done.evals.items()},
             "metrics_offset": done.metrics_offset,
+            "dtypes": [list(d) for d in done.dtypes],
             "best": {"best_loss": best.best_loss, "best_step": best.best_step, "bad_evals": best.bad_evals},
             "rng": base64.b64encode(rng.getvalue()).decode(),
         }
@@ -148,7 +169,8 @@ class ResumePoints:
                 f"{self.folder} names step {b['best_step']}'s weights as the best, but {best.spill} is gone"
             )
         evals = {int(k): v for k, v in state["evals"].items()}
-        return Reached(state["step"], list(state["losses"]), evals, int(state["metrics_offset"]))
+        dtypes = tuple((int(first), str(name)) for first, name in state.get("dtypes") or [(1, "unrecorded")])
+        return Reached(state["step"], list(state["losses"]), evals, int(state["metrics_offset"]), dtypes)
 
     def _read_state(self) -> dict[str, Any]:
         path = self.folder / STATE
