@@ -43,6 +43,7 @@ def remove_stale_scratch(root: str | None) -> list[str]:
             ns, _, pid = tag.partition(".")
             ours = entry.name.startswith(SCRATCH_PREFIX) and rest and ns == namespace and pid.isdigit()
             if ours and entry.is_dir(follow_symlinks=False) and not memory.alive(int(pid)):
-                shutil.rmtree(entry.path, ignore_errors=True)
-                removed.append(entry.path)
+                shutil.rmtree(entry.path, ignore_errors=True)  # another user's: left, not listed
+                if not os.path.lexists(entry.path):
+                    removed.append(entry.path)
     return removed
