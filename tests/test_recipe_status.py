@@ -15,7 +15,7 @@ def _lines(path: Path, rows: list[dict], torn: str = "") -> None:
 
 def test_a_run_in_the_middle_of_its_stages(tmp_path):
     out = tmp_path / "run"
-    metrics = {"tgc": 0.25, "sgc": 0.1, "tasks": 270}
+    metrics = {"tgc": 25.0, "sgc": 10.0, "tasks": 270}  # percent, as EvalMetrics writes them
     for split in ("train_heldout", "dev"):
         (out / "eval" / f"base_{split}").mkdir(parents=True)
         (out / "eval" / f"base_{split}" / "outcomes.json").write_text(json.dumps({"metrics": metrics}))
@@ -26,7 +26,7 @@ def test_a_run_in_the_middle_of_its_stages(tmp_path):
     _lines(out / "eval" / "sft_train_heldout" / "trajectories.same_scenario.jsonl", [{}] * 7, torn="{")
     _lines(out / "sage" / "metrics.jsonl", [
         {"step": 1, "sampled_tokens_total": 61_000, "success": 0.5, "eval/tgc": None},
-        {"step": 2, "sampled_tokens_total": 118_500, "success": 0.375, "eval/tgc": 0.6},
+        {"step": 2, "sampled_tokens_total": 118_500, "success": 0.375, "eval/tgc": 60.0},  # a fraction, a percent
     ])  # fmt: skip
     (out / "sage" / "config.yaml").write_text("steps: 40\nsampled_token_budget: 400000\n")
     (out / "grpo_lib").mkdir()

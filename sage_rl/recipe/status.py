@@ -57,8 +57,10 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return read_jsonl(path, _object, "row", problems=[])
 
 
-def _pct(x: Any) -> str:
-    return f"{100 * x:.1f}%" if isinstance(x, int | float) else "n/a"
+def _pct(x: Any, scale: float = 100.0) -> str:
+    """A fraction (a step's ``success``) as a percentage; ``scale=1`` for a figure already in
+    percent (an evaluation's TGC and SGC, ``EvalMetrics``)."""
+    return f"{scale * x:.1f}%" if isinstance(x, int | float) else "n/a"
 
 
 def _num(x: Any, spec: str) -> str:
@@ -70,7 +72,7 @@ def evaluation(folder: Path, name: str) -> Stage:
     done = _json(folder / "outcomes.json")
     if done is not None:
         m = {k: _get(done, "metrics", k) for k in ("tgc", "sgc", "tasks")}
-        return Stage(name, "done", f"TGC {_pct(m['tgc'])}, SGC {_pct(m['sgc'])}, {m['tasks']} tasks")
+        return Stage(name, "done", f"TGC {_pct(m['tgc'], 1)}, SGC {_pct(m['sgc'], 1)}, {m['tasks']} tasks")
     chains = sum(len(_rows(p)) for p in folder.glob("trajectories*.jsonl"))
     return (
         Stage(name, "running", f"{chains} scenarios finished") if folder.is_dir() else Stage(name, "pending")
@@ -132,7 +134,7 @@ def rl(folder: Path, name: str) -> Stage:
     ]
     curve = [r for r in rows if r.get("eval/tgc") is not None]
     if curve:
-        parts.append(f"held-out curve TGC {_pct(curve[-1]['eval/tgc'])} at step {curve[-1].get('step')}")
+        parts.append(f"held-out curve TGC {_pct(curve[-1]['eval/tgc'], 1)} at step {curve[-1].get('step')}")
     return Stage(name, "running", "; ".join(parts))
 
 
