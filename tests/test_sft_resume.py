@@ -153,3 +153,15 @@ def test_a_run_resumed_in_another_precision_says_so(tiny, tmp_path, monkeypatch)
     assert result.dtype == "mixed" and result.dtype_by_step == {"1": "bfloat16", "4": "float32"}
     _, plain = train(tiny, config(tmp_path / "plain", dtype="auto"))  # one stretch: one name
     assert plain.dtype == "float32" and plain.dtype_by_step is None
+
+
+def test_a_damaged_precision_record_names_the_file(tiny, tmp_path, monkeypatch):
+    """The resume point's ``dtypes`` is read with the rest of ``state.json``: a field that is not
+    (step, dtype) pairs is the same one-line error, not a traceback."""
+    run = tmp_path / "run"
+    with pytest.raises(Interrupted):
+        train(tiny, config(run), stop_at=4, monkeypatch=monkeypatch)
+    path = run / "resume" / "state.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "dtypes": "float32"}))
+    with pytest.raises(ResumeError, match=r"state\.json is damaged"):
+        train(tiny, config(run))

@@ -9,6 +9,7 @@ sandbox's start removes those whose maker is gone (``remove_stale_scratch``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -19,14 +20,19 @@ from sage_rl.sandbox import memory
 SCRATCH_PREFIX = "sage-sandbox-"
 
 
-def scratch_tag(pid: int | None = None) -> str:
-    """``<pid namespace>.<pid>`` of this process (or of ``pid``, in this namespace): a pid means
-    something only in its namespace (another container sharing the temp folder has its own)."""
+@functools.cache
+def _namespace() -> str:
+    """This process's pid namespace (its inode number), read once: a pid means something only in
+    its namespace (another container sharing the temp folder has its own)."""
     try:
-        namespace = "".join(c for c in os.readlink("/proc/self/ns/pid") if c.isdigit())
+        return "".join(c for c in os.readlink("/proc/self/ns/pid") if c.isdigit())
     except OSError:
-        namespace = "0"
-    return f"{namespace}.{os.getpid() if pid is None else pid}"
+        return "0"
+
+
+def scratch_tag(pid: int | None = None) -> str:
+    """``<pid namespace>.<pid>`` of this process (or of ``pid``, in this namespace)."""
+    return f"{_namespace()}.{os.getpid() if pid is None else pid}"
 
 
 def remove_stale_scratch(root: str | None) -> list[str]:
@@ -35,13 +41,12 @@ def remove_stale_scratch(root: str | None) -> list[str]:
     (SIGKILL, the end of a session) never removes its episodes' folders. A folder whose maker is
     alive, made in another namespace, or whose name carries no pid is left alone. Returns the
     paths removed."""
-    namespace = scratch_tag().partition(".")[0]
     removed = []
     with contextlib.suppress(OSError), os.scandir(root or tempfile.gettempdir()) as entries:
         for entry in entries:
             tag, _, rest = entry.name.removeprefix(SCRATCH_PREFIX).partition("-")
             ns, _, pid = tag.partition(".")
-            ours = entry.name.startswith(SCRATCH_PREFIX) and rest and ns == namespace and pid.isdigit()
+            ours = entry.name.startswith(SCRATCH_PREFIX) and rest and ns == _namespace() and pid.isdigit()
             if ours and entry.is_dir(follow_symlinks=False) and not memory.alive(int(pid)):
                 shutil.rmtree(entry.path, ignore_errors=True)  # another user's: left, not listed
                 if not os.path.lexists(entry.path):

@@ -169,8 +169,9 @@ class ResumePoints:
                 f"{self.folder} names step {b['best_step']}'s weights as the best, but {best.spill} is gone"
             )
         evals = {int(k): v for k, v in state["evals"].items()}
-        dtypes = tuple((int(first), str(name)) for first, name in state.get("dtypes") or [(1, "unrecorded")])
-        return Reached(state["step"], list(state["losses"]), evals, int(state["metrics_offset"]), dtypes)
+        return Reached(
+            state["step"], list(state["losses"]), evals, int(state["metrics_offset"]), state["dtypes"]
+        )
 
     def _read_state(self) -> dict[str, Any]:
         path = self.folder / STATE
@@ -178,6 +179,8 @@ class ResumePoints:
             state = json.loads(path.read_text(encoding="utf-8"))
             for key in ("fingerprint", "step", "losses", "evals", "metrics_offset", "best", "rng"):
                 state[key]  # noqa: B018 - presence check
+            # (first step, dtype) stretches; a point written before they were kept: one, unrecorded
+            state["dtypes"] = tuple((int(a), str(b)) for a, b in state.get("dtypes") or [(1, "unrecorded")])
             return state
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise ResumeError(

@@ -39,9 +39,12 @@ def _now() -> float:
     return time.clock_gettime(time.CLOCK_MONOTONIC)
 
 
-def _median(fn, repeats: int) -> float:
+def _median(fn, repeats: int, before=None) -> float:
+    """Median seconds of ``fn`` over ``repeats`` calls; ``before()`` runs untimed ahead of each."""
     times = []
     for _ in range(repeats):
+        if before is not None:
+            before()
         t0 = _now()
         fn()
         times.append(_now() - t0)
@@ -51,13 +54,7 @@ def _median(fn, repeats: int) -> float:
 def _median_after_idle(fn, repeats: int, idle_s: float) -> float:
     """``_median`` of ``fn`` called ``idle_s`` seconds after the previous call returned (the wait
     untimed)."""
-    times = []
-    for _ in range(repeats):
-        time.sleep(idle_s)
-        t0 = _now()
-        fn()
-        times.append(_now() - t0)
-    return statistics.median(times)
+    return _median(fn, repeats, before=lambda: time.sleep(idle_s))
 
 
 def _calls_cell(n: int) -> str:
@@ -111,14 +108,12 @@ def main(root: str, task_id: str, repeats: int, idle_s: float = 0.2) -> dict:
             out["execute_0_calls_ready_s"] = _median_after_idle(bare, repeats, idle_s)
     world.execute("apis.supervisor.complete_task(answer=42)")
     out["evaluate_repeated_s"] = _median(world.evaluate, repeats)
-    evaluations = []
-    for _ in range(repeats):
+
+    def episode() -> None:  # a fresh world whose task one cell completes
         construct()
         worlds[-1].execute("apis.supervisor.complete_task(answer=42)")
-        t0 = _now()
-        worlds[-1].evaluate()
-        evaluations.append(_now() - t0)
-    out["evaluate_s"] = statistics.median(evaluations)
+
+    out["evaluate_s"] = _median(lambda: worlds[-1].evaluate(), repeats, before=episode)
     worlds[-1].close()
     return out
 
