@@ -105,8 +105,10 @@ QUICK = [
 def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False) -> dict[str, Any]:
     """Every stage not done yet, up to the SFT models' evaluations (``until="sft"``) or all;
     returns {"results": {model: {split: evaluation}}, "sft": {...}, "rl": {...}, "times": {...}}.
-    ``parallel``: evaluations run two at a time in two processes, each with ``policy.threads`` (1
-    unless set): on 2 cores this beats one 2-thread process after another. Training stays one run at
+    ``parallel``: evaluations run two at a time in two processes: on 2 cores this beats one 2-thread
+    process after another. Unless ``policy.threads`` is set, each samples on the cores the other
+    leaves free, measured each step (``engine/threads.py``): one each while both decode, both once
+    the other is done or waits on its sandboxes (9% less wall than one thread each, docs/LOG.md). Training stays one run at
     a time: each RL trainer peaks near 12 GB at these sizes, and two side by side were OOM-killed on
     24 GB (docs/LOG.md)."""
     cfg = with_curriculum(cfg)
@@ -117,7 +119,6 @@ def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False)
     collect_lib = collect_config(cfg, r, lay.expert)
     collect_inline = collect_config(plain, r, out / "expert_inline")  # the library-free expert
     sft_lib = sft_config(cfg, r, lay.expert / f"{collect_lib.name}.jsonl", lay.sft)
-    ev_cfg = _one_thread if parallel else (lambda c: c)
     sage_cfg = train_config(cfg, lay.sft / "final", lay.sage)
     rl_cfgs = {
         "sage": sage_cfg,
@@ -141,7 +142,7 @@ def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False)
         for m, (c, model) in models.items():
             for k, split in SPLITS.items():
                 ev = eval_config(
-                    ev_cfg(c), model, split, r.eval.scenarios, r.eval.concurrency, lay.eval(m, split)
+                    c, model, split, r.eval.scenarios, r.eval.concurrency, lay.eval(m, split)
                 )
                 if m == "base" and r.eval.base_token_budget is not None:  # it writes until its budget
                     agent = ev.agent.model_copy(update={"token_budget": r.eval.base_token_budget})
@@ -184,13 +185,6 @@ def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False)
     trained["sage_nolib"] = (without_library(sage_cfg), final["sage"])
     results |= timed("eval rl", lambda: evals(trained))
     return {"results": results, "sft": sft, "rl": rl, "times": times, "cfg": cfg}
-
-
-def _one_thread(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with one torch thread per process, unless ``policy.threads`` says otherwise."""
-    return cfg.model_copy(
-        update={"policy": cfg.policy.model_copy(update={"threads": cfg.policy.threads or 1})}
-    )
 
 
 def _side_by_side(fn, items: list) -> list:
