@@ -108,9 +108,9 @@ def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False)
     ``parallel``: evaluations run two at a time in two processes: on 2 cores this beats one 2-thread
     process after another. Unless ``policy.threads`` is set, each samples on the cores the other
     leaves free, measured each step (``engine/threads.py``): one each while both decode, both once
-    the other is done or waits on its sandboxes (9% less wall than one thread each, docs/LOG.md). Training stays one run at
-    a time: each RL trainer peaks near 12 GB at these sizes, and two side by side were OOM-killed on
-    24 GB (docs/LOG.md)."""
+    the other is done or waits on its sandboxes (9% less wall than one thread each, docs/LOG.md).
+    Training stays one run at a time: each RL trainer peaks near 12 GB at these sizes, and two side
+    by side were OOM-killed on 24 GB (docs/LOG.md)."""
     cfg = with_curriculum(cfg)
     assert cfg.recipe is not None
     r, lay = cfg.recipe, Layout(out)

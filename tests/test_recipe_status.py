@@ -26,7 +26,7 @@ def test_a_run_in_the_middle_of_its_stages(tmp_path):
     _lines(out / "eval" / "sft_train_heldout" / "trajectories.same_scenario.jsonl", [{}] * 7, torn="{")
     _lines(out / "sage" / "metrics.jsonl", [
         {"step": 1, "sampled_tokens_total": 61_000, "success": 0.5, "eval/tgc": None},
-        {"step": 2, "sampled_tokens_total": 118_500, "success": 0.375, "eval/tgc": 60.0},  # a fraction, a percent
+        {"step": 2, "sampled_tokens_total": 118_500, "success": 0.375, "eval/tgc": 60.0},  # success a fraction, TGC in percent
     ])  # fmt: skip
     (out / "sage" / "config.yaml").write_text("steps: 40\nsampled_token_budget: 400000\n")
     (out / "grpo_lib").mkdir()
