@@ -287,11 +287,17 @@ def test_ordinary_python_keeps_working(sandbox):
 
 
 def test_cpu_limit_per_cell():
+    """Each cell gets at least its own cpu_seconds, whatever fraction of a second the worker had
+    already used: the park cell leaves the worker's CPU clock just short of a whole second, where a
+    truncated soft limit would leave the next cell a few ms. (CI failure at 7023ed9.)"""
     limits = TEST_LIMITS.model_copy(update={"cpu_seconds": 1, "wall_timeout_s": 30.0})
+    park = "import time\nwhile time.process_time() % 1 < 0.97:\n    pass"
+    work = "t = time.process_time()\nwhile time.process_time() - t < 0.5:\n    pass\nprint(x)"
     with Sandbox(limits) as sb:
-        r = run(sb, ["x = 3", "while True:\n    pass", "print(x)"])
-    assert r[1].timed_out and "used more than 1 CPU seconds (CPU time limit per cell)" in r[1].observation
-    assert r[2].observation == "3\n"
+        r = run(sb, ["x = 3", park, work, "while True:\n    pass", park, work])
+    assert [c.timed_out for c in r] == [False, False, False, True, False, False]
+    assert "used more than 1 CPU seconds (CPU time limit per cell)" in r[3].observation
+    assert r[2].observation == r[5].observation == "3\n"
 
 
 def test_layers_fall_back_when_missing(monkeypatch, tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import linecache
+import math
 import os
 import resource
 import signal
@@ -278,7 +279,10 @@ class Runtime:
         self.state.timeout_s, self.state.cpu_s = timeout_s, cpu_s
         self.state.pending = self.state.fired = None
         used = resource.getrusage(resource.RUSAGE_SELF)
-        soft = int(used.ru_utime + used.ru_stime) + cpu_s
+        # RLIMIT_CPU counts whole seconds of the worker's life: round what was used *up*, so the cell
+        # gets at least cpu_s of its own (truncating left it cpu_s minus the fraction already used,
+        # a few ms at worst, and the timeout message then overstated what the cell had used).
+        soft = math.ceil(used.ru_utime + used.ru_stime) + cpu_s
         _, hard = resource.getrlimit(resource.RLIMIT_CPU)
         if hard != resource.RLIM_INFINITY:
             soft = min(soft, hard)
