@@ -34,6 +34,7 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
     part = bench.main(["--quick", "--out", str(out), "--until", "sft"])
     assert part["models"] == ["base", "sft", "sft_nolib", "sft_inline"]
     assert "heldout_tgc_sft_minus_base" in part and "heldout_tgc_sft_minus_sft_nolib" in part
+    assert part["heldout_tgc_sft_minus_sft_inline_ci"] is not None  # the two RL starts' gap
     assert "heldout_tgc_sage" not in part and part["sampled_tokens_sage"] is None
     assert not (out / "sage").exists() and not (out / "grpo_nolib").exists()
     state = {s["name"]: s["state"] for s in bench.main(["--status", "--out", str(out)])["status"]}

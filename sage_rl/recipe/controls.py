@@ -78,6 +78,7 @@ PAIRS = (
     ("sage", "sage_nolib"),  # the skill value
     ("grpo_nolib", "sft_inline"),  # what RL did for the baseline
     ("grpo_lib", "sft"),  # what K = 1 outcome-reward RL did from the same start
+    ("sft", "sft_inline"),  # the two starts' gap: sage - grpo_nolib less it is what RL added
 )
 
 
