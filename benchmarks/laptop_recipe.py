@@ -17,9 +17,9 @@ library as SAGE, K = 1, outcome reward); ``sage`` (from ``sft``, K = 2, skill-in
 Stages, each skipped when its output exists in ``--out`` (a stopped run resumes; run folders are
 kept): evaluate base; collect (library) -> SFT -> evaluate sft, sft_nolib; collect (library-free:
 the same scenarios, then more until it has as many examples; SFT takes the first that many) -> SFT
--> evaluate sft_inline; RL sage, grpo_lib, grpo_nolib (each to the same ``sampled_token_budget``:
-it stops after the step at which its generated rollout tokens, screens included, reach it);
-evaluate the four RL models.
+-> evaluate sft_inline; then for each of sage, grpo_lib, grpo_nolib: RL (each to the same
+``sampled_token_budget``: it stops after the step at which its generated rollout tokens, screens
+included, reach it), then evaluate it (sage also as sage_nolib), so SAGE's figures come first.
 
 Every evaluation is greedy and scenario-ordered with the same agent limits, every model on the
 same tasks (all of ``recipe.eval.splits``; ``recipe.eval.base_token_budget`` caps the base model).
@@ -179,11 +179,13 @@ def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False)
     sft = {m: {"collect": c, "sft": s} for m, (c, s) in sft_done.items()}
     if until == "sft":
         return {"results": results, "sft": sft, "rl": {}, "times": times, "cfg": cfg}
-    rl = {name: timed(name, lambda c=c: train_once(c)) for name, c in rl_cfgs.items()}
-    final = {name: final_model(Path(c.out_dir)) for name, c in rl_cfgs.items()}
-    trained = {name: (c, final[name]) for name, c in rl_cfgs.items()}
-    trained["sage_nolib"] = (without_library(sage_cfg), final["sage"])
-    results |= timed("eval rl", lambda: evals(trained))
+    rl = {}
+    for name, c in rl_cfgs.items():  # each arm evaluated as soon as it is trained: SAGE's figures first
+        rl[name] = timed(name, lambda c=c: train_once(c))
+        trained = {name: (c, final_model(Path(c.out_dir)))}
+        if name == "sage":  # the skill value: the same weights without their library
+            trained["sage_nolib"] = (without_library(c), trained["sage"][1])
+        results |= timed(f"eval {name}", lambda t=trained: evals(t))
     return {"results": results, "sft": sft, "rl": rl, "times": times, "cfg": cfg}
 
 

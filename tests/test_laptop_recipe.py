@@ -45,8 +45,15 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
     ]  # fmt: skip
     assert {k for k, v in state.items() if v == "done"} == set(list(state)[:12])
     assert {k for k, v in state.items() if v == "pending"} == set(list(state)[12:])  # the RL arms and theirs
+    assert list(state)[12:] == [  # each arm evaluated as soon as it is trained: SAGE's figures first
+        "rl sage", *(f"eval {m} {s}" for m in ("sage", "sage_nolib") for s in ("train_heldout", "dev")),
+        "rl grpo_lib", "eval grpo_lib train_heldout", "eval grpo_lib dev",
+        "rl grpo_nolib", "eval grpo_nolib train_heldout", "eval grpo_nolib dev",
+    ]  # fmt: skip
     row = bench.main(["--quick", "--out", str(out)])
     assert {s["state"] for s in bench.main(["--status", "--out", str(out)])["status"]} == {"done"}
+    written = {p: (out / p).stat().st_mtime_ns for p in ("eval/sage_nolib_dev/outcomes.json", "grpo_lib/config.yaml")}
+    assert written["eval/sage_nolib_dev/outcomes.json"] < written["grpo_lib/config.yaml"]  # as listed
     assert json.loads((out / "laptop_recipe.json").read_text()) == json.loads(json.dumps(row))
     assert row["models"] == list(MODELS)
 

@@ -160,9 +160,13 @@ def stages(out: Path) -> list[Stage]:
         collection(out / "expert_inline", "collect inline"),
         sft(out / "sft_inline", "sft inline"),
         *evals("sft_inline"),
-        *(rl(out / arm, f"rl {arm}") for arm in RL_START),
-        *evals(*RL_START, "sage_nolib"),
+        *(s for arm in RL_START for s in (rl(out / arm, f"rl {arm}"), *evals(*_evaluated(arm)))),
     ]
+
+
+def _evaluated(arm: str) -> tuple[str, ...]:
+    """The models evaluated after an RL arm: its own, and SAGE's also without its library."""
+    return (arm, "sage_nolib") if arm == "sage" else (arm,)
 
 
 def show(out: Path) -> list[Stage]:
