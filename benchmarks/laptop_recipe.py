@@ -20,6 +20,9 @@ the same scenarios, then more until it has as many examples; SFT takes the first
 -> evaluate sft_inline; then for each of sage, grpo_lib, grpo_nolib: RL (each to the same
 ``sampled_token_budget``: it stops after the step at which its generated rollout tokens, screens
 included, reach it), then evaluate it (sage also as sage_nolib), so SAGE's figures come first.
+``--until sft`` stops before RL, ``--until sage`` after SAGE's evaluations. ``--sft-from RUN``
+links the finished stages before RL of another run folder (``recipe/share.py``): a second RL
+setting (``sampling.temperature=0.5``, say) from the very same SFT models.
 
 Every evaluation is greedy and scenario-ordered with the same agent limits, every model on the
 same tasks (all of ``recipe.eval.splits``; ``recipe.eval.base_token_budget`` caps the base model).
@@ -50,15 +53,17 @@ from sage_rl.recipe.controls import (
     NO_LIBRARY,
     PAIRS,
     RL_START,
-    curve,
+    SPLITS,
     differences,
     grpo_config,
     per_task,
     units,
     without_library,
 )
+from sage_rl.recipe.figure import curves, plot
 from sage_rl.recipe.pipeline import (
     Layout,
+    RecipeError,
     collect_at_least,
     collect_config,
     eval_config,
@@ -70,13 +75,13 @@ from sage_rl.recipe.pipeline import (
     train_once,
     with_curriculum,
 )
+from sage_rl.recipe.share import share_sft_stages
 from sage_rl.recipe.status import show as show_status
 from sage_rl.runs.collect import run_collect
 from sage_rl.runs.sft import run_sft
 from sage_rl.settings import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-SPLITS = {"heldout": "train_heldout", "dev": "dev"}
 #: --quick: the tiny random model, toy sizes, in-process executor: the pipeline in a few minutes.
 QUICK = [
     "pocketworld.sandbox=false",
@@ -186,6 +191,8 @@ def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False)
         if name == "sage":  # the skill value: the same weights without their library
             trained["sage_nolib"] = (without_library(c), trained["sage"][1])
         results |= timed(f"eval {name}", lambda t=trained: evals(t))
+        if until == name:  # --until sage: the headline figures only
+            break
     return {"results": results, "sft": sft, "rl": rl, "times": times, "cfg": cfg}
 
 
@@ -266,75 +273,6 @@ def _sft_summary(v: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def curves(done: dict[str, Any], out: Path) -> dict[str, list[tuple[int, float]]]:
-    """Each RL arm's greedy TGC curve on the first ``eval.scenarios`` scenarios of ``eval.split``
-    (``controls.curve``), from its own start model's measured TGC."""
-    cfg: TrainConfig = done["cfg"]
-    key = next((k for k, s in SPLITS.items() if s == cfg.eval.split), None)
-    res = done["results"]
-    return {
-        arm: curve(res[start][key], res[arm][key], _rows(out / arm / "metrics.jsonl"), cfg.eval.scenarios)
-        for arm, start in RL_START.items()
-        if arm in res and key is not None
-    }
-
-
-def plot(done: dict[str, Any], out: Path, path: Path) -> None:
-    """Reward by position and the held-out TGC curve against sampled tokens, per RL arm; TGC by
-    model on each split."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
-    res = done["results"]
-    models = [m for m in MODELS if m in res]
-    styles = {"sage": "-", "grpo_lib": "--", "grpo_nolib": ":"}
-    for name, points in curves(done, out).items():
-        style = styles[name]
-        steps = [r for r in _rows(out / name / "metrics.jsonl") if "reward" in r]
-        x = [r.get("sampled_tokens_total", 0) for r in steps]
-        for k in sorted({k for r in steps for k in r if k.startswith("reward/k")}):
-            ax1.plot(x, [r.get(k) for r in steps], style, marker="o", label=f"{name} {k.split('/')[1]}")
-        ax2.plot([p[0] for p in points], [p[1] for p in points], style, marker="o",
-                 label=f"{name} (from {RL_START[name]})")  # fmt: skip
-    ax1.set(title="Reward by chain position (sampled)", xlabel="sampled tokens", ylabel="mean reward")
-    subset = done["cfg"].eval.scenarios
-    ax2.set(
-        title=f"Greedy TGC, first {subset} held-out scenarios",
-        xlabel="sampled tokens",
-        ylabel="TGC (%)",
-        ylim=(0, 100),
-    )
-    if not done["rl"]:  # stopped after SFT (--until sft): the SFT runs' held-out loss instead
-        ax1.cla()
-        for name in ("sft", "sft_inline"):
-            rows = [r for r in _rows(out / name / "metrics.jsonl") if "eval_loss" in r]
-            ax1.plot([r["step"] for r in rows], [r["eval_loss"] for r in rows], marker="o", label=name)
-        ax1.set(title="SFT held-out loss", xlabel="optimizer step", ylabel="loss")
-        ax2.text(0.5, 0.5, "RL stages not run", ha="center", va="center", transform=ax2.transAxes)
-    width = 0.4
-    for j, key in enumerate(SPLITS):
-        ms = [res[m][key]["metrics"] for m in models]
-        xs = [i + width * j for i in range(len(models))]
-        yerr = [[m["tgc"] - m["tgc_ci"][0] for m in ms], [m["tgc_ci"][1] - m["tgc"] for m in ms]]
-        ax3.bar(xs, [m["tgc"] for m in ms], width, yerr=yerr, capsize=3, label=SPLITS[key])
-    ax3.set_xticks([i + width / 2 for i in range(len(models))], models, rotation=30, ha="right", fontsize=8)
-    ax3.set(title="TGC by model (95% scenario bootstrap)", ylabel="TGC (%)", ylim=(0, 100))
-    for ax in (ax1, ax2, ax3):
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/laptop_recipe.yaml")
@@ -345,9 +283,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="toy size with the tiny random model (tests)")
     ap.add_argument(
         "--until",
-        choices=("sft", "all"),
+        choices=("sft", "sage", "all"),
         default="all",
-        help="sft: stop after the SFT models' evaluations and report base and the SFT models only",
+        help="sft: stop after the SFT models' evaluations and report base and the SFT models only; "
+        "sage: stop after the SAGE arm's evaluations (no GRPO arms)",
+    )
+    ap.add_argument(
+        "--sft-from",
+        metavar="RUN",
+        help="link the finished stages before RL (expert data, both SFT models, their evaluations) of "
+        "run folder RUN into --out: its RL arms start from the same models (sage_rl/recipe/share.py)",
     )
     ap.add_argument(
         "--parallel",
@@ -371,9 +316,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         overrides = [*QUICK, f"policy.model={_tiny(out)}", *overrides]
     cfg = load_config(TrainConfig, args.config, overrides)
+    if args.sft_from:
+        try:
+            share_sft_stages(Path(args.sft_from), out, SPLITS.values())
+        except RecipeError as e:
+            ap.error(str(e))
     done = run(cfg, out, args.until, args.parallel)
     results.mkdir(parents=True, exist_ok=True)
-    row = table(done, cfg, out)
+    row = table(done, cfg, out) | {"sft_from": args.sft_from}
     (results / "laptop_recipe.json").write_text(json.dumps(row, indent=1) + "\n")
     plot(done, out, results / "laptop_recipe.png")
     print(

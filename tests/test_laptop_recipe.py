@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from sage_rl.recipe.controls import MODELS, NO_LIBRARY, RL_START
+from sage_rl.recipe.share import share_sft_stages, shared_stages
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("tgc", "sgc", "steps", "tokens")
@@ -130,6 +131,41 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
         k: v for k, v in row.items() if k not in volatile
     }
     assert all(t < 5 for t in again["times_s"].values())
+
+    # another RL setting from the same SFT start: the stages before RL linked, SAGE's arm only
+    other = tmp_path / "t05"
+    hot = bench.main(["--quick", "--sft-from", str(out), "--out", str(other), "--until", "sage",
+                      "sampling.temperature=0.5"])  # fmt: skip
+    assert (other / "sft").is_symlink() and (other / "sft").resolve() == (out / "sft").resolve()
+    assert hot["models"] == ["base", "sft", "sft_nolib", "sft_inline", "sage", "sage_nolib"]
+    assert hot["sft_from"] == str(out) and hot["rl"]["temperature"] == 0.5
+    assert hot["heldout_tgc_sft"] == row["heldout_tgc_sft"] and hot["sft"] == row["sft"]  # read back
+    assert hot["heldout_tgc_sage_minus_sft_ci"] is not None and "heldout_tgc_sage_minus_grpo_lib" not in hot
+    sage_cfg = _cfg(other / "sage" / "config.yaml")
+    assert sage_cfg["sampling"]["temperature"] == 0.5 and sage_cfg["init_from"] == str(other / "sft" / "final")
+    assert not (other / "grpo_lib").exists() and not (other / "grpo_nolib").exists()
+    state = {s["name"]: s["state"] for s in bench.main(["--status", "--out", str(other)])["status"]}
+    assert [k for k, v in state.items() if v == "pending"] == list(state)[17:]  # the GRPO arms'
+
+
+def test_sft_from_refuses_an_unfinished_run_and_a_folder_in_the_way(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    src, out = tmp_path / "src", tmp_path / "out"
+    (src / "sft").mkdir(parents=True)
+    with pytest.raises(SystemExit):
+        _bench().main(["--quick", "--sft-from", str(src), "--out", str(out)])
+    assert "missing expert/summary.json, sft/result.json" in capsys.readouterr().err
+    assert not (out / "sft").exists()  # nothing linked, nothing run
+    for name, done in shared_stages(["train_heldout", "dev"]).items():
+        (src / name).mkdir(parents=True, exist_ok=True)
+        (src / name / done).write_text("{}")
+    (out / "sft").mkdir(parents=True)  # a folder of its own in the way: never replaced
+    with pytest.raises(SystemExit):
+        _bench().main(["--quick", "--sft-from", str(src), "--out", str(out)])
+    assert f"{out / 'sft'} already exists and is not a link" in capsys.readouterr().err
+    assert not (out / "expert").exists()  # checked before anything is linked
+    assert share_sft_stages(src, tmp_path / "fresh", ["train_heldout", "dev"])  # links made
+    assert share_sft_stages(src, tmp_path / "fresh", ["train_heldout", "dev"]) == []  # again: none
 
 
 def test_quick_never_writes_the_measured_results(tmp_path, monkeypatch):

@@ -38,6 +38,8 @@ from sage_rl.types import Chain
 MODELS = ("base", "sft", "sft_nolib", "sft_inline", "grpo_nolib", "grpo_lib", "sage", "sage_nolib")
 #: The RL arms, and the SFT model each starts from.
 RL_START = {"sage": "sft", "grpo_lib": "sft", "grpo_nolib": "sft_inline"}
+#: The evaluation splits: the results' key -> the split evaluated.
+SPLITS = {"heldout": "train_heldout", "dev": "dev"}
 #: Models evaluated without a library: their skill usage is n/a.
 NO_LIBRARY = frozenset({"sft_nolib", "sft_inline", "grpo_nolib", "sage_nolib"})
 

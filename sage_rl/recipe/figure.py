@@ -1,0 +1,81 @@
+"""The laptop experiment's figure (``benchmarks/laptop_recipe.py``, ``gpu_recipe.py``): reward by
+chain position and the greedy held-out TGC curve against sampled tokens for each RL arm, and TGC by
+model on each split, from the stages' results and the run folder's metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sage_rl.recipe.controls import MODELS, RL_START, SPLITS, curve
+from sage_rl.settings import TrainConfig
+
+
+def curves(done: dict[str, Any], out: Path) -> dict[str, list[tuple[int, float]]]:
+    """Each RL arm's greedy TGC curve on the first ``eval.scenarios`` scenarios of ``eval.split``
+    (``controls.curve``), from its own start model's measured TGC."""
+    cfg: TrainConfig = done["cfg"]
+    key = next((k for k, s in SPLITS.items() if s == cfg.eval.split), None)
+    res = done["results"]
+    return {
+        arm: curve(res[start][key], res[arm][key], _rows(out / arm / "metrics.jsonl"), cfg.eval.scenarios)
+        for arm, start in RL_START.items()
+        if arm in res and key is not None
+    }
+
+
+def plot(done: dict[str, Any], out: Path, path: Path) -> None:
+    """Reward by position and the held-out TGC curve against sampled tokens, per RL arm; TGC by
+    model on each split."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
+    res = done["results"]
+    models = [m for m in MODELS if m in res]
+    styles = {"sage": "-", "grpo_lib": "--", "grpo_nolib": ":"}
+    for name, points in curves(done, out).items():
+        style = styles[name]
+        steps = [r for r in _rows(out / name / "metrics.jsonl") if "reward" in r]
+        x = [r.get("sampled_tokens_total", 0) for r in steps]
+        for k in sorted({k for r in steps for k in r if k.startswith("reward/k")}):
+            ax1.plot(x, [r.get(k) for r in steps], style, marker="o", label=f"{name} {k.split('/')[1]}")
+        ax2.plot([p[0] for p in points], [p[1] for p in points], style, marker="o",
+                 label=f"{name} (from {RL_START[name]})")  # fmt: skip
+    ax1.set(title="Reward by chain position (sampled)", xlabel="sampled tokens", ylabel="mean reward")
+    subset = done["cfg"].eval.scenarios
+    ax2.set(
+        title=f"Greedy TGC, first {subset} held-out scenarios",
+        xlabel="sampled tokens",
+        ylabel="TGC (%)",
+        ylim=(0, 100),
+    )
+    if not done["rl"]:  # stopped after SFT (--until sft): the SFT runs' held-out loss instead
+        ax1.cla()
+        for name in ("sft", "sft_inline"):
+            rows = [r for r in _rows(out / name / "metrics.jsonl") if "eval_loss" in r]
+            ax1.plot([r["step"] for r in rows], [r["eval_loss"] for r in rows], marker="o", label=name)
+        ax1.set(title="SFT held-out loss", xlabel="optimizer step", ylabel="loss")
+        ax2.text(0.5, 0.5, "RL stages not run", ha="center", va="center", transform=ax2.transAxes)
+    width = 0.4
+    for j, key in enumerate(SPLITS):
+        ms = [res[m][key]["metrics"] for m in models]
+        xs = [i + width * j for i in range(len(models))]
+        yerr = [[m["tgc"] - m["tgc_ci"][0] for m in ms], [m["tgc_ci"][1] - m["tgc"] for m in ms]]
+        ax3.bar(xs, [m["tgc"] for m in ms], width, yerr=yerr, capsize=3, label=SPLITS[key])
+    ax3.set_xticks([i + width / 2 for i in range(len(models))], models, rotation=30, ha="right", fontsize=8)
+    ax3.set(title="TGC by model (95% scenario bootstrap)", ylabel="TGC (%)", ylim=(0, 100))
+    for ax in (ax1, ax2, ax3):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
