@@ -114,7 +114,7 @@ def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False)
     process after another. Unless ``policy.threads`` is set, each samples on the cores the other
     leaves free, measured each step (``engine/threads.py``): one each while both decode, both once
     the other is done or waits on its sandboxes (9% less wall than one thread each, docs/LOG.md).
-    Training stays one run at a time: each RL trainer peaks near 12 GB at these sizes, and two side
+    Training stays one run at a time: each RL trainer peaks at 12-17 GB at these sizes, and two side
     by side were OOM-killed on 24 GB (docs/LOG.md)."""
     cfg = with_curriculum(cfg)
     assert cfg.recipe is not None
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--parallel",
         action="store_true",
         help="evaluate two models or splits at a time (two processes, one torch thread each); training "
-        "stays one run at a time (an RL trainer peaks near 12 GB at these sizes)",
+        "stays one run at a time (an RL trainer peaks at 12-17 GB at these sizes)",
     )
     ap.add_argument("--status", action="store_true", help="print where the run in --out stands; run nothing")
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
