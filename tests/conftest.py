@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from appworld_support import suite, venv, world  # noqa: F401 - AppWorld fixtures, built once a session
+from test_sandbox_support import sandbox  # noqa: F401 - one sandbox per test module
 
 
 @pytest.fixture(scope="session")

@@ -11,14 +11,13 @@ import socket
 
 import pytest
 from test_sandbox_support import (
-    TEST_LIMITS,
     FakeWorld,
     rules_off,  # noqa: F401  (a fixture, used by name below)
     run,
 )
 
 from sage_rl.config import ConfigError, load_config
-from sage_rl.sandbox import IsolationReport, Sandbox, SandboxLimits
+from sage_rl.sandbox import IsolationReport, SandboxLimits
 from sage_rl.sandbox.landlock import abi_version
 from sage_rl.sandbox.worker import CappedOutput, format_exception
 from sage_rl.types import CallRecord, skill_origin
@@ -26,12 +25,6 @@ from sage_rl.types import CallRecord, skill_origin
 # These tests check the layers below the rules agent code lives under (sandbox/rules.py): the OS
 # isolation and the parent's limits must hold for any code, so the parent's check is switched off.
 pytestmark = pytest.mark.usefixtures("rules_off")
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox(TEST_LIMITS) as sb:
-        yield sb
 
 
 def test_namespace_persists_across_cells(sandbox):

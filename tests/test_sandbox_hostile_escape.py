@@ -35,12 +35,6 @@ pytestmark = pytest.mark.usefixtures("rules_off")
 NEEDS_LANDLOCK = pytest.mark.skipif(abi_version() < 1, reason="Landlock is not available on this kernel")
 
 
-@pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox(TEST_LIMITS) as sb:
-        yield sb
-
-
 @pytest.fixture
 def world():
     return FakeWorld()

@@ -11,25 +11,17 @@ from types import SimpleNamespace
 import pytest
 from test_sandbox_support import (
     PID,
-    TEST_LIMITS,
     FakeWorld,
     assert_trainer_unharmed,
     rules_off,  # noqa: F401  (a fixture, used by name below)
     run,
 )
 
-from sage_rl.sandbox import Sandbox
 from sage_rl.sandbox.landlock import abi_version
 
 # These tests check the layers below the rules agent code lives under (sandbox/rules.py): the OS
 # isolation and the parent's limits must hold for any code, so the parent's check is switched off.
 pytestmark = pytest.mark.usefixtures("rules_off")
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox(TEST_LIMITS) as sb:
-        yield sb
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ from types import SimpleNamespace
 import pytest
 from test_sandbox_support import (  # rules_off: a fixture, used by name
     PID,
-    TEST_LIMITS,
     FakeWorld,
     assert_trainer_unharmed,
     rules_off,  # noqa: F401
@@ -29,16 +28,8 @@ from sage_rl.envs.pocketworld.checks import TOO_DEEP, answers_match, normalize
 from sage_rl.envs.pocketworld.scenarios import BY_NAME
 from sage_rl.policies.base import Completion
 from sage_rl.rollout.rewards import ChainOutcomes, RewardKind, compute_rewards
-from sage_rl.sandbox import Sandbox
 from sage_rl.skills import Library, extract_skills, used_skills
 from sage_rl.types import CallRecord, ExecResult, cell_origin
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox(TEST_LIMITS) as sb:
-        yield sb
-
 
 # -- forged skill use (issue 11, hole 3) -------------------------------------------------------------
 

@@ -19,12 +19,6 @@ from sage_rl.sandbox import Sandbox
 pytestmark = pytest.mark.usefixtures("rules_off")
 
 
-@pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox(TEST_LIMITS) as sb:
-        yield sb
-
-
 def test_timeout_in_python_keeps_the_namespace(sandbox):
     r = run(sandbox, ["x = 5", "import time\nwhile True:\n    time.sleep(0.01)", "print(x)"])
     assert r[1].timed_out and not r[1].ok

@@ -9,22 +9,14 @@ import pkgutil
 import types
 
 import pytest
-from test_sandbox_support import TEST_LIMITS, FakeWorld, run
+from test_sandbox_support import FakeWorld, run
 
 from sage_rl.envs.pocketworld import tasks
 from sage_rl.envs.pocketworld.expert import ScriptedExpert
 from sage_rl.envs.pocketworld.scenarios import TEMPLATES
 from sage_rl.envs.pocketworld.scenarios.base import COMMON_SOURCE
-from sage_rl.sandbox import Sandbox
 from sage_rl.sandbox.rules import ALLOWED_MODULES, DENIED_ATTRS, attr_allowed, refusal
 from sage_rl.types import CallRecord, skill_origin
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox(TEST_LIMITS) as sb:
-        yield sb
-
 
 REFUSED = {
     "import gc": "import of 'gc' is not allowed",

@@ -103,6 +103,13 @@ def restarted(follow: ExecResult) -> bool:
     return not follow.ok and "NameError: name 'x' is not defined" in follow.observation
 
 
+@pytest.fixture(scope="module")
+def sandbox():
+    """One sandbox with ``TEST_LIMITS`` for each test module that asks for it (``conftest.py``)."""
+    with Sandbox(TEST_LIMITS) as sb:
+        yield sb
+
+
 @pytest.fixture
 def rules_off(monkeypatch):
     """The parent's check of the rules agent code lives under (sandbox/rules.py) switched off: for
