@@ -4,11 +4,11 @@ model on each split, from the stages' results and the run folder's metrics."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from sage_rl.recipe.controls import MODELS, RL_START, SPLITS, curve
+from sage_rl.recipe.status import jsonl_rows
 from sage_rl.settings import TrainConfig
 
 
@@ -19,7 +19,7 @@ def curves(done: dict[str, Any], out: Path) -> dict[str, list[tuple[int, float]]
     key = next((k for k, s in SPLITS.items() if s == cfg.eval.split), None)
     res = done["results"]
     return {
-        arm: curve(res[start][key], res[arm][key], _rows(out / arm / "metrics.jsonl"), cfg.eval.scenarios)
+        arm: curve(res[start][key], res[arm][key], jsonl_rows(out / arm / "metrics.jsonl"), cfg.eval.scenarios)
         for arm, start in RL_START.items()
         if arm in res and key is not None
     }
@@ -39,7 +39,7 @@ def plot(done: dict[str, Any], out: Path, path: Path) -> None:
     styles = {"sage": "-", "grpo_lib": "--", "grpo_nolib": ":"}
     for name, points in curves(done, out).items():
         style = styles[name]
-        steps = [r for r in _rows(out / name / "metrics.jsonl") if "reward" in r]
+        steps = [r for r in jsonl_rows(out / name / "metrics.jsonl") if "reward" in r]
         x = [r.get("sampled_tokens_total", 0) for r in steps]
         for k in sorted({k for r in steps for k in r if k.startswith("reward/k")}):
             ax1.plot(x, [r.get(k) for r in steps], style, marker="o", label=f"{name} {k.split('/')[1]}")
@@ -56,7 +56,7 @@ def plot(done: dict[str, Any], out: Path, path: Path) -> None:
     if not done["rl"]:  # stopped after SFT (--until sft): the SFT runs' held-out loss instead
         ax1.cla()
         for name in ("sft", "sft_inline"):
-            rows = [r for r in _rows(out / name / "metrics.jsonl") if "eval_loss" in r]
+            rows = [r for r in jsonl_rows(out / name / "metrics.jsonl") if "eval_loss" in r]
             ax1.plot([r["step"] for r in rows], [r["eval_loss"] for r in rows], marker="o", label=name)
         ax1.set(title="SFT held-out loss", xlabel="optimizer step", ylabel="loss")
         ax2.text(0.5, 0.5, "RL stages not run", ha="center", va="center", transform=ax2.transAxes)
@@ -75,7 +75,3 @@ def plot(done: dict[str, Any], out: Path, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def _rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []

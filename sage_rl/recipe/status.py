@@ -51,7 +51,7 @@ def _object(row: Any) -> dict[str, Any]:
     return row
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
+def jsonl_rows(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of a JSON Lines file (``view.read.read_jsonl``): torn, non-UTF-8 or
     non-object lines left out, a missing file empty."""
     return read_jsonl(path, _object, "row", problems=[])
@@ -73,7 +73,7 @@ def evaluation(folder: Path, name: str) -> Stage:
     if done is not None:
         m = {k: _get(done, "metrics", k) for k in ("tgc", "sgc", "tasks")}
         return Stage(name, "done", f"TGC {_pct(m['tgc'], 1)}, SGC {_pct(m['sgc'], 1)}, {m['tasks']} tasks")
-    chains = sum(len(_rows(p)) for p in folder.glob("trajectories*.jsonl"))
+    chains = sum(len(jsonl_rows(p)) for p in folder.glob("trajectories*.jsonl"))
     return (
         Stage(name, "running", f"{chains} scenarios finished") if folder.is_dir() else Stage(name, "pending")
     )
@@ -85,7 +85,7 @@ def collection(folder: Path, name: str) -> Stage:
         return Stage(
             name, "done", f"{done.get('examples')} examples from {_get(done, 'scenarios', 'run')} scenarios"
         )
-    ledger = [r for r in _rows(folder / "progress.jsonl") if r.get("kind") == "scenario"]
+    ledger = [r for r in jsonl_rows(folder / "progress.jsonl") if r.get("kind") == "scenario"]
     if folder.is_dir():
         return Stage(
             name,
@@ -100,7 +100,7 @@ def sft(folder: Path, name: str) -> Stage:
     if done is not None:
         loss = f"held-out loss {_num(done.get('eval_loss_before'), '.3f')} -> {_num(done.get('eval_loss_after'), '.3f')}"
         return Stage(name, "done", f"steps {done.get('steps')}, {loss}, {done.get('dtype', 'float32')}")
-    rows = _rows(folder / "metrics.jsonl")
+    rows = jsonl_rows(folder / "metrics.jsonl")
     if not folder.is_dir():
         return Stage(name, "pending")
     trained = [r for r in rows if "loss" in r]
@@ -124,7 +124,7 @@ def rl(folder: Path, name: str) -> Stage:
     if not folder.is_dir():
         return Stage(name, "pending")
     budget = _budget(folder / "config.yaml")
-    rows = [r for r in _rows(folder / "metrics.jsonl") if "sampled_tokens_total" in r]
+    rows = [r for r in jsonl_rows(folder / "metrics.jsonl") if "sampled_tokens_total" in r]
     if not rows:
         return Stage(name, "running", "step 1 in progress")
     last = rows[-1]
