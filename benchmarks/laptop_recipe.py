@@ -20,7 +20,10 @@ the same scenarios, then more until it has as many examples; SFT takes the first
 -> evaluate sft_inline; then for each of sage, grpo_lib, grpo_nolib: RL (each to the same
 ``sampled_token_budget``: it stops after the step at which its generated rollout tokens, screens
 included, reach it), then evaluate it (sage also as sage_nolib), so SAGE's figures come first.
-``--until sft`` stops before RL, ``--until sage`` after SAGE's evaluations. ``--sft-from RUN``
+``--until sft`` stops before RL. ``--until sage`` runs only what SAGE - SFT and the skill value
+need (the library expert, its SFT model, then sft, sft_nolib, SAGE, sage_nolib), so the headline
+comes hours sooner (no base or library-free stages); the same folder run again without it does the
+rest. ``--sft-from RUN``
 links the finished stages before RL of another run folder (``recipe/share.py``): a second RL
 setting (``sampling.temperature=0.5``, say) from the very same SFT models.
 
@@ -108,7 +111,8 @@ QUICK = [
 
 
 def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False) -> dict[str, Any]:
-    """Every stage not done yet, up to the SFT models' evaluations (``until="sft"``) or all;
+    """Every stage not done yet, up to the SFT models' evaluations (``until="sft"``), the SAGE
+    headline's stages only (``until="sage"``: no base, no library-free expert or SFT), or all;
     returns {"results": {model: {split: evaluation}}, "sft": {...}, "rl": {...}, "times": {...}}.
     ``parallel``: evaluations run two at a time in two processes: on 2 cores this beats one 2-thread
     process after another. Unless ``policy.threads`` is set, each samples on the cores the other
@@ -159,7 +163,14 @@ def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False)
             found.setdefault(m, {})[k] = result | {"per_task": per_task(Path(ev.out_dir))}
         return found
 
-    results = timed("eval base", lambda: evals({"base": (cfg, cfg.policy.model)}))
+    def wanted(model: str, *more: Path) -> bool:
+        """--until sage: only what SAGE - SFT and the skill value need, or what is done already (a
+        shared or earlier stage, read back); the rest waits for a run without it."""
+        done = [lay.eval(model, split) / "outcomes.json" for split in SPLITS.values()] + list(more)
+        return until != "sage" or all(p.is_file() for p in done)
+
+    base = {"base": (cfg, cfg.policy.model)}
+    results = timed("eval base", lambda: evals(base)) if wanted("base") else {}
     sft_done = {
         "sft": (
             timed("collect", lambda: run_once(lay.expert / "summary.json", run_collect, collect_lib)),
@@ -171,16 +182,17 @@ def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False)
         lambda: evals({"sft": (cfg, str(lay.sft / "final")), "sft_nolib": (plain, str(lay.sft / "final"))}),
     )
     n = sft_done["sft"][0]["examples"]  # the same number of examples: more scenarios, cut to n
-    inline = timed("collect inline", lambda: collect_at_least(collect_inline, n))
-    data = out / "expert_inline" / f"{collect_inline.name}.jsonl"
-    sft_inline = sft_config(plain, r, data, out / "sft_inline", limit=n)
-    sft_done["sft_inline"] = (
-        inline,
-        timed("sft inline", lambda: run_once(out / "sft_inline" / "result.json", run_sft, sft_inline)),
-    )
-    results |= timed(
-        "eval sft_inline", lambda: evals({"sft_inline": (plain, str(out / "sft_inline" / "final"))})
-    )
+    if wanted("sft_inline", out / "sft_inline" / "result.json"):
+        inline = timed("collect inline", lambda: collect_at_least(collect_inline, n))
+        data = out / "expert_inline" / f"{collect_inline.name}.jsonl"
+        sft_inline = sft_config(plain, r, data, out / "sft_inline", limit=n)
+        sft_done["sft_inline"] = (
+            inline,
+            timed("sft inline", lambda: run_once(out / "sft_inline" / "result.json", run_sft, sft_inline)),
+        )
+        results |= timed(
+            "eval sft_inline", lambda: evals({"sft_inline": (plain, str(out / "sft_inline" / "final"))})
+        )
     sft = {m: {"collect": c, "sft": s} for m, (c, s) in sft_done.items()}
     if until == "sft":
         return {"results": results, "sft": sft, "rl": {}, "times": times, "cfg": cfg}
@@ -286,7 +298,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         choices=("sft", "sage", "all"),
         default="all",
         help="sft: stop after the SFT models' evaluations and report base and the SFT models only; "
-        "sage: stop after the SAGE arm's evaluations (no GRPO arms)",
+        "sage: only what SAGE - SFT and the skill value need (library SFT, sft, sft_nolib, SAGE, "
+        "sage_nolib; no base, no library-free SFT, no GRPO arms): a later run without it does the rest",
     )
     ap.add_argument(
         "--sft-from",

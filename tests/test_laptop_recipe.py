@@ -92,6 +92,7 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
         assert c["sampled_token_budget"] == row["sampled_token_budget"]
         assert c["rollout"]["group_size"] == arms["sage"]["rollout"]["group_size"]
         assert c["trainer"] == arms["sage"]["trainer"]
+        assert c["sampling"] == arms["sage"]["sampling"] and c["sampling"]["temperature"] == 0.5  # one setting
     sage, k = arms["sage"]["rollout"], arms["sage"]["rollout"]["chain_length"]
     assert k == 2 and sage["reward"] == "skill_integrated" and arms["sage"]["skills"]["use_skills"]
     for name, uses in (("grpo_lib", True), ("grpo_nolib", False)):
@@ -135,14 +136,14 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
     # another RL setting from the same SFT start: the stages before RL linked, SAGE's arm only
     other = tmp_path / "t05"
     hot = bench.main(["--quick", "--sft-from", str(out), "--out", str(other), "--until", "sage",
-                      "sampling.temperature=0.5"])  # fmt: skip
+                      "sampling.temperature=0.7"])  # fmt: skip
     assert (other / "sft").is_symlink() and (other / "sft").resolve() == (out / "sft").resolve()
     assert hot["models"] == ["base", "sft", "sft_nolib", "sft_inline", "sage", "sage_nolib"]
-    assert hot["sft_from"] == str(out) and hot["rl"]["temperature"] == 0.5
+    assert hot["sft_from"] == str(out) and hot["rl"]["temperature"] == 0.7
     assert hot["heldout_tgc_sft"] == row["heldout_tgc_sft"] and hot["sft"] == row["sft"]  # read back
     assert hot["heldout_tgc_sage_minus_sft_ci"] is not None and "heldout_tgc_sage_minus_grpo_lib" not in hot
     sage_cfg = _cfg(other / "sage" / "config.yaml")
-    assert sage_cfg["sampling"]["temperature"] == 0.5 and sage_cfg["init_from"] == str(other / "sft" / "final")
+    assert sage_cfg["sampling"]["temperature"] == 0.7 and sage_cfg["init_from"] == str(other / "sft" / "final")
     assert not (other / "grpo_lib").exists() and not (other / "grpo_nolib").exists()
     state = {s["name"]: s["state"] for s in bench.main(["--status", "--out", str(other)])["status"]}
     assert [k for k, v in state.items() if v == "pending"] == list(state)[17:]  # the GRPO arms'
@@ -175,17 +176,29 @@ def test_quick_never_writes_the_measured_results(tmp_path, monkeypatch):
     assert not (tmp_path / "lr").exists()
 
 
-def test_quick_laptop_recipe_side_by_side(tmp_path, monkeypatch):
+def test_quick_laptop_recipe_side_by_side_headline_only(tmp_path, monkeypatch):
     """--parallel: evaluations run two at a time in two processes, each sampling on the cores the
-    other leaves free (``policy.threads`` left unset: the engine's measured "auto"); the results
-    have the same shape."""
+    other leaves free (``policy.threads`` left unset: the engine's measured "auto"). --until sage on
+    a fresh folder runs only the headline's stages (no base, no library-free SFT, no GRPO), and a
+    later run without it would add them: --status lists them pending."""
     monkeypatch.chdir(ROOT)
-    row = _bench().main(["--quick", "--parallel", "--out", str(tmp_path / "lr"), "--until", "sft"])
-    assert row["models"] == ["base", "sft", "sft_nolib", "sft_inline"]
-    assert {"eval base", "eval sft", "eval sft_inline"} <= set(row["times_s"])
+    out = tmp_path / "lr"
+    row = _bench().main(["--quick", "--parallel", "--out", str(out), "--until", "sage"])
+    assert row["models"] == ["sft", "sft_nolib", "sage", "sage_nolib"]
+    assert {"eval sft", "eval sage"} <= set(row["times_s"]) and "eval base" not in row["times_s"]
+    assert not (out / "expert_inline").exists() and not (out / "sft_inline").exists()
+    assert not (out / "grpo_lib").exists() and not list((out / "eval").glob("base_*"))
     for name in row["models"]:
         for split in ("train_heldout", "dev"):
-            folder = tmp_path / "lr" / "eval" / f"{name}_{split}"
+            folder = out / "eval" / f"{name}_{split}"
             assert (folder / "outcomes.json").is_file()
             assert _cfg(folder / "config.yaml")["policy"]["threads"] is None
-    assert row["heldout_tasks"] == 3 and 0.0 <= row["heldout_tgc_sft_inline"] <= 100.0
+    assert row["heldout_tasks"] == 3 and row["heldout_tgc_sage_minus_sft_ci"] is not None
+    assert "heldout_tgc_sft_minus_base" not in row and row["sft"].keys() == {"sft"}
+    state = {s["name"]: s["state"] for s in _bench().main(["--status", "--out", str(out)])["status"]}
+    pending = {k for k, v in state.items() if v == "pending"}
+    assert pending == {
+        "eval base train_heldout", "eval base dev", "collect inline", "sft inline",
+        "eval sft_inline train_heldout", "eval sft_inline dev", "rl grpo_lib", "eval grpo_lib train_heldout",
+        "eval grpo_lib dev", "rl grpo_nolib", "eval grpo_nolib train_heldout", "eval grpo_nolib dev",
+    }  # fmt: skip
