@@ -182,8 +182,11 @@ def test_quick_laptop_recipe_side_by_side_headline_only(tmp_path, monkeypatch):
     a fresh folder runs only the headline's stages (no base, no library-free SFT, no GRPO), and a
     later run without it would add them: --status lists them pending."""
     monkeypatch.chdir(ROOT)
-    out = tmp_path / "lr"
-    row = _bench().main(["--quick", "--parallel", "--out", str(out), "--until", "sage"])
+    out, bench, released = tmp_path / "lr", _bench(), []
+    real = bench.release_memory
+    monkeypatch.setattr(bench, "release_memory", lambda: released.append(1) or real())
+    row = bench.main(["--quick", "--parallel", "--out", str(out), "--until", "sage"])
+    assert len(released) == len(row["times_s"]) == 5  # after every stage: collect, sft, 2 evals, rl
     assert row["models"] == ["sft", "sft_nolib", "sage", "sage_nolib"]
     assert {"eval sft", "eval sage"} <= set(row["times_s"]) and "eval base" not in row["times_s"]
     assert not (out / "expert_inline").exists() and not (out / "sft_inline").exists()
@@ -195,7 +198,7 @@ def test_quick_laptop_recipe_side_by_side_headline_only(tmp_path, monkeypatch):
             assert _cfg(folder / "config.yaml")["policy"]["threads"] is None
     assert row["heldout_tasks"] == 3 and row["heldout_tgc_sage_minus_sft_ci"] is not None
     assert "heldout_tgc_sft_minus_base" not in row and row["sft"].keys() == {"sft"}
-    state = {s["name"]: s["state"] for s in _bench().main(["--status", "--out", str(out)])["status"]}
+    state = {s["name"]: s["state"] for s in bench.main(["--status", "--out", str(out)])["status"]}
     pending = {k for k, v in state.items() if v == "pending"}
     assert pending == {
         "eval base train_heldout", "eval base dev", "collect inline", "sft inline",
