@@ -25,7 +25,7 @@ need (the library expert, its SFT model, then sft, sft_nolib, SAGE, sage_nolib),
 comes hours sooner (no base or library-free stages); the same folder run again without it does the
 rest. ``--sft-from RUN``
 links the finished stages before RL of another run folder (``recipe/share.py``): a second RL
-setting (``sampling.temperature=0.5``, say) from the very same SFT models.
+setting (``sampling.temperature=1.0``, say; the config's is 0.5) from the very same SFT models.
 
 Every evaluation is greedy and scenario-ordered with the same agent limits, every model on the
 same tasks (all of ``recipe.eval.splits``; ``recipe.eval.base_token_budget`` caps the base model).
