@@ -5,6 +5,7 @@ sampled success under the current model lies strictly between 0 and 1, re-screen
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 from collections import Counter
@@ -106,6 +107,60 @@ def test_a_screen_measures_each_templates_sampled_success():
     assert dict(result.success) == SUCCESS
     assert result.pool == ("half", "quarter") and result.tokens == 4 * 4 * 5
     assert json.loads(json.dumps(result.row()))["pool"] == ["half", "quarter"]
+
+
+class NumberedSuite(TemplateSuite):
+    """Scenarios numbered 0, 1, 2, ... in the order they are drawn; the number is in the instruction."""
+
+    def __init__(self, names=tuple(SUCCESS)):
+        super().__init__(names)
+        self.drawn: list[str] = []
+
+    def scoped(self, names):
+        child = NumberedSuite(names)
+        child.drawn = self.drawn  # one count across narrowed copies
+        return child
+
+    def sample_chain(self, rng, length, split="train"):
+        name = self.train_templates[rng.randrange(len(self.train_templates))]
+        sid = f"{name}-s{len(self.drawn)}"
+        self.drawn.append(sid)
+        return tuple(Task(f"{sid}_{k}", sid, k, f"{sid} task {k}", split) for k in range(1, length + 1))
+
+
+class EvenScenarioPolicy:
+    """Solves every task of an even-numbered scenario and none of an odd one."""
+
+    renderer, name = None, "even-scenarios"
+
+    async def generate(self, request):
+        number = int(request.messages[-1]["content"].split(" task ")[0].rsplit("-s", 1)[1])
+        code = "complete()" if number % 2 == 0 else "x = 1"
+        return Completion(f"```python\n{code}\n```", completion_tokens=5)
+
+    def weights_changed(self):
+        pass
+
+
+def test_a_screen_pools_each_templates_scenarios():
+    # success that depends on the scenario, not the sample: one scenario per template calls each
+    # template solved or hopeless; two (one even, one odd) show every template at 0.5
+    def run(scenarios):
+        suite = NumberedSuite()
+        runner = dataclasses.replace(_runner(suite), policy=EvenScenarioPolicy())
+        result = asyncio.run(
+            screen(runner, random.Random(0), 2, 3, "train", step=0, concurrency=8, scenarios=scenarios)
+        )
+        return result, suite.drawn
+
+    one, drawn = run(1)
+    assert sorted(one.success.values()) == [0.0, 0.0, 1.0, 1.0] and one.pool == ()
+    assert len(drawn) == 4 and one.tokens == 4 * 1 * 3 * 2 * 5
+    two, drawn = run(2)
+    assert dict(two.success) == dict.fromkeys(SUCCESS, 0.5) and two.pool == tuple(sorted(SUCCESS))
+    assert len(set(drawn)) == 8  # a fresh scenario each: templates x scenarios
+    assert [d.split("-s")[0] for d in drawn] == [n for n in SUCCESS for _ in range(2)]
+    assert two.tokens == 4 * 2 * 3 * 2 * 5  # templates x scenarios x samples x K tasks x 5 tokens
 
 
 def test_the_pool_draws_only_templates_with_success_strictly_between_0_and_1(tmp_path):

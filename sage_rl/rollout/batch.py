@@ -56,7 +56,10 @@ class RolloutConfig(Section):
     )
     screen_every: int = Field(4, ge=1, description="steps between screens of the pool (pool: screened)")
     screen_samples: int = Field(
-        2, ge=1, description="chains sampled per template in a screen (pool: screened)"
+        2, ge=1, description="chains sampled per scenario in a screen (pool: screened)"
+    )
+    screen_scenarios: int = Field(
+        1, ge=1, description="fresh scenarios per template in a screen (pool: screened)"
     )
 
 

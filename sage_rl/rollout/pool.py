@@ -7,10 +7,13 @@ so steps drew nothing to learn from (docs/recipe.md). Dynamic sampling (``rollou
 redraws after the fact; the pool avoids the hopeless and the solved templates before drawing.
 
 How:
-- **Screen.** For every train template of the suite, one fresh scenario (a new train seed) and
-  ``screen_samples`` chains of ``chain_length`` tasks, sampled with the run's own sampling
-  parameters (the rollouts' temperature) from the model as it is at that step. A template's
-  success is the share of its screened tasks that succeeded.
+- **Screen.** For every train template of the suite, ``screen_scenarios`` fresh scenarios (new
+  train seeds) and ``screen_samples`` chains of ``chain_length`` tasks on each, sampled with the
+  run's own sampling parameters (the rollouts' temperature) from the model as it is at that step.
+  A template's success is the share of its screened tasks that succeeded. One scenario is a noisy
+  screen: a template's success varies by scenario as much as by sample, and on the laptop
+  experiment one scenario x 2 chains x 2 tasks kept 6 of 30 templates, holding 8 of the start
+  model's 109 greedy held-out failures (docs/LOG.md, 2026-12-02, nineteenth session).
 - **Pool.** The templates with ``0 < success < 1`` (:func:`informative`). The step's task
   sequences are drawn as without a pool (uniform template, fresh train seed), from those templates
   only. An empty pool (every template solved or hopeless) draws from every template, as without one.
@@ -20,8 +23,8 @@ How:
   resumed N times samples, and counts, the same screens as one that never stopped (a run that
   screened again at each resume would spend its token budget on screens by how often it was
   stopped). It screens at its first step only when no screen it can use is on record.
-- **Cost.** A screen samples ``templates x screen_samples x chain_length`` tasks (30 x 2 x 2 = 120
-  on the laptop experiment, about one B = 8, G = 8 step). Its generated tokens count as sampled
+- **Cost.** A screen samples ``templates x screen_scenarios x screen_samples x chain_length`` tasks
+  (30 x 3 x 1 x 2 = 180 on the laptop experiment). Its generated tokens count as sampled
   tokens of the step that screened (``sampled_tokens``, and so ``sampled_token_budget``): runs
   compared at equal sampled tokens pay for their screens. They are not trained on.
 
@@ -115,12 +118,16 @@ async def screen(
     step: int,
     concurrency: int,
     journal: StepJournal | None = None,
+    scenarios: int = 1,
 ) -> Screen:
-    """Screen every train template of ``runner.suite`` (see the module docstring); ``journal``
-    keeps its finished groups (a resumed step's screen samples only those it lacks)."""
+    """Screen every train template of ``runner.suite`` on ``scenarios`` scenarios each (see the
+    module docstring); ``journal`` keeps its finished groups (a resumed step's screen samples only
+    those it lacks). Group ``SCREEN_GROUP_BASE + i * scenarios + j`` is template i's j-th scenario."""
     check_suite(runner.suite)
     names = tuple(runner.suite.train_templates)
-    sequences = [runner.suite.scoped([n]).sample_chain(rng, chain_length, split) for n in names]
+    sequences = [
+        (n, runner.suite.scoped([n]).sample_chain(rng, chain_length, split)) for n in names for _ in range(scenarios)
+    ]
     sem = asyncio.Semaphore(max(1, concurrency // max(1, samples)))
     t0 = time.perf_counter()
 
@@ -128,12 +135,14 @@ async def screen(
         async with sem:
             return await run_group_kept(runner, seq, Library(), SCREEN_GROUP_BASE + i, samples, step, journal)
 
-    groups = await asyncio.gather(*(one(i, s) for i, s in enumerate(sequences)))
-    success, tokens = {}, 0
-    for name, chains in zip(names, groups, strict=True):
+    groups = await asyncio.gather(*(one(i, seq) for i, (_, seq) in enumerate(sequences)))
+    outcomes: dict[str, list[bool]] = {n: [] for n in names}
+    tokens = 0
+    for (name, _), chains in zip(sequences, groups, strict=True):
         trajs = [t for c in chains for t in c.trajectories]
-        success[name] = sum(t.outcome.success for t in trajs) / max(1, len(trajs))
+        outcomes[name] += [t.outcome.success for t in trajs]
         tokens += sum(t.num_generated_tokens for t in trajs)
+    success = {n: sum(o) / max(1, len(o)) for n, o in outcomes.items()}
     return Screen(step, success, tokens, time.perf_counter() - t0)
 
 
@@ -174,6 +183,7 @@ class ScreenedPool:
                 step,
                 cfg.concurrency,
                 journal,
+                cfg.screen_scenarios,
             )
             with self._log.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(self.last.row()) + "\n")
