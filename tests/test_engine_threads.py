@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import torch
@@ -124,7 +125,7 @@ def test_run_sft_restores_the_process_thread_count(tiny, monkeypatch, tmp_path):
         seen.append(torch.get_num_threads())  # training started on SFT's own choice
         raise RuntimeError("training failed")
 
-    monkeypatch.setattr(threads_mod, "pick_threads", lambda: picked)
+    monkeypatch.setattr(threads_mod, "pick_threads", lambda **k: picked)
     monkeypatch.setattr(models, "load_model", lambda *a, **k: tiny)
     monkeypatch.setattr(records, "read_jsonl", lambda path: [])
     monkeypatch.setattr(train_mod, "train_sft", fail)
@@ -134,4 +135,40 @@ def test_run_sft_restores_the_process_thread_count(tiny, monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="training failed"):
         run_mod.run_sft(cfg, show_progress=False)
     assert seen == [picked]
+    assert torch.get_num_threads() == before
+
+
+def test_sft_takes_back_a_core_its_neighbour_frees(tiny, monkeypatch, tmp_path):
+    """optim.threads: null measures the free cores before every step, not only at the start: SFT
+    that started beside a 1-thread job on 2 cores runs on 1 thread, and on 2 once the job ends."""
+    from sage_rl import models
+    from sage_rl.runs import sft as run_mod
+    from sage_rl.train import sft as train_mod
+    from sage_rl.train.sft_config import SFTConfig
+
+    before = torch.get_num_threads()
+    others = iter([1.0] * (10 + 3 * 2) + [0.0] * 100)  # the start's 10 probes and 2 steps' 3 busy
+    monkeypatch.setattr(threads_mod, "usable_cores", lambda: 2)
+    monkeypatch.setattr(threads_mod, "others_running", lambda: next(others))
+    monkeypatch.setattr(threads_mod.time, "sleep", lambda s: None)
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: tiny)
+    real_step, seen = train_mod.sft_step, []
+
+    def step(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "sft_step", step)
+    data = tmp_path / "data.jsonl"
+    row = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
+    data.write_text("\n".join(json.dumps(row) for _ in range(4)) + "\n")
+    cfg = SFTConfig.model_validate(
+        {
+            "data": {"path": str(data), "eval_fraction": 0.0},
+            "optim": {"device": "cpu", "max_steps": 4, "batch_size": 1, "grad_accum": 1},
+            "output": {"dir": str(tmp_path / "out"), "eval_every": 0},
+        }
+    )
+    run_mod.run_sft(cfg, show_progress=False)
+    assert seen == [1, 1, 2, 2]
     assert torch.get_num_threads() == before

@@ -21,13 +21,21 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> dict:
     try:
         examples = read_jsonl(cfg.data.path)[: cfg.data.limit]
         model, tokenizer = load_model(cfg.model, device=cfg.optim.device)
+        rethread = None
         if cfg.optim.threads:
             torch.set_num_threads(cfg.optim.threads)
-        elif model.device.type == "cpu":  # null: the cores other processes leave free now (engine/threads.py)
+        elif model.device.type == "cpu":  # null: the cores other processes leave free (engine/threads.py)
             torch.set_num_threads(pick_threads())
             err.print(f"sft: {torch.get_num_threads()} torch threads (optim.threads=null: the free cores)")
+
+            def rethread(step: int) -> None:  # and again before every step: a neighbour comes and goes
+                n = pick_threads(samples=3)
+                if n != torch.get_num_threads():
+                    torch.set_num_threads(n)
+                    err.print(f"sft: step {step}: {n} torch threads (the free cores changed)")
+
         _, result = train_sft(
-            model, tokenizer, examples, cfg, ChatRenderer(tokenizer).conversation, show_progress
+            model, tokenizer, examples, cfg, ChatRenderer(tokenizer).conversation, show_progress, rethread
         )
     finally:  # the stages after it (the recipe's) choose their own
         torch.set_num_threads(before)

@@ -290,8 +290,10 @@ def train_sft(
     cfg: SFTConfig,
     conversation: Conversation,
     show_progress: bool = True,
+    before_step: Callable[[int], None] | None = None,
 ) -> tuple[Any, SFTResult]:
     """Fine-tune ``model`` in place on the trained tokens of ``examples`` and save a checkpoint.
+    ``before_step(step)`` runs before each optimizer step (``run_sft``: the thread count).
 
     Returns the trained model (the merged model when LoRA is merged) and the result.
     """
@@ -328,6 +330,8 @@ def train_sft(
         with progress_bar(show_progress) as bar:
             task = bar.add_task("sft", total=total, completed=start)
             for step in range(start + 1, total + 1):
+                if before_step is not None:
+                    before_step(step)
                 metrics = sft_step(model, opt, stream, lr_at(step - 1, total, cfg), cfg)
                 losses.append(metrics["loss"])
                 if data.eval and cfg.output.eval_every and step % cfg.output.eval_every == 0 and step < total:

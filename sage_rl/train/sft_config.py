@@ -79,7 +79,7 @@ class SFTOptim(Section):
     )
     seed: int = 0
     threads: int | None = Field(
-        None, gt=0, description="torch CPU threads (None = the cores other processes leave free at the start)"
+        None, gt=0, description="torch CPU threads (None = the cores other processes leave free, re-measured before every step)"
     )
     device: str = Field(
         "auto",
