@@ -183,7 +183,7 @@ class ScreenedPool:
                 step,
                 cfg.concurrency,
                 journal,
-                cfg.screen_scenarios,
+                scenarios=cfg.screen_scenarios,
             )
             with self._log.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(self.last.row()) + "\n")
