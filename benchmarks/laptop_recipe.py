@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = load_config(TrainConfig, args.config, overrides)
     if args.sft_from:
         try:
-            share_sft_stages(Path(args.sft_from), out, SPLITS.values())
+            share_sft_stages(Path(args.sft_from), out, SPLITS.values(), args.until)
         except RecipeError as e:
             ap.error(str(e))
     done = run(cfg, out, args.until, args.parallel)

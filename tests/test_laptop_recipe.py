@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from sage_rl.recipe.controls import MODELS, NO_LIBRARY, RL_START
+from sage_rl.recipe.pipeline import RecipeError
 from sage_rl.recipe.share import share_sft_stages, shared_stages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,3 +206,30 @@ def test_quick_laptop_recipe_side_by_side_headline_only(tmp_path, monkeypatch):
         "eval sft_inline train_heldout", "eval sft_inline dev", "rl grpo_lib", "eval grpo_lib train_heldout",
         "eval grpo_lib dev", "rl grpo_nolib", "eval grpo_nolib train_heldout", "eval grpo_nolib dev",
     }  # fmt: skip
+
+
+def test_sft_from_a_headline_only_run_serves_until_sage(tmp_path, monkeypatch, capsys):
+    """A source run with ``--until sage`` has no base evaluation and no library-free SFT: a new
+    ``--until sage`` run needs only its headline stages and links them (and nothing it lacks); a
+    full new run still refuses it, naming what is missing."""
+    monkeypatch.chdir(ROOT)
+    splits = ["train_heldout", "dev"]
+    src, out = tmp_path / "src", tmp_path / "out"
+    with pytest.raises(SystemExit):  # the bench hands its --until on: only the headline is asked for
+        _bench().main(["--quick", "--until", "sage", "--sft-from", str(src), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert "missing expert/summary.json, sft/result.json, eval/sft_train_heldout/outcomes.json" in err
+    assert "base" not in err and "inline" not in err and "--until sage first" in err
+    for name, done in shared_stages(splits, headline_only=True).items():
+        (src / name).mkdir(parents=True, exist_ok=True)
+        (src / name / done).write_text("{}")
+    (src / "eval" / "base_dev").mkdir()  # begun, not done: never linked
+    with pytest.raises(RecipeError, match="eval/base_train_heldout/outcomes.json"):
+        share_sft_stages(src, out, splits)
+    links = share_sft_stages(src, out, splits, until="sage")
+    assert sorted(str(p.relative_to(out)) for p in links) == [
+        "eval/sft_dev", "eval/sft_nolib_dev", "eval/sft_nolib_train_heldout", "eval/sft_train_heldout",
+        "expert", "sft",
+    ]
+    assert (out / "sft").resolve() == (src / "sft").resolve() and not (out / "eval" / "base_dev").exists()
+    assert share_sft_stages(src, out, splits, until="sage") == []  # again: nothing new
