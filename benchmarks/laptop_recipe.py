@@ -63,7 +63,7 @@ from sage_rl.recipe.controls import (
     units,
     without_library,
 )
-from sage_rl.recipe.figure import curves, plot
+from sage_rl.recipe.figure import curves, paired_curves, plot
 from sage_rl.recipe.pipeline import (
     Layout,
     RecipeError,
@@ -264,6 +264,7 @@ def table(done: dict[str, Any], cfg: TrainConfig, out: Path) -> dict[str, Any]:
                "warmup_steps": cfg.trainer.warmup_steps, "temperature": cfg.sampling.temperature},
         "models": models,
         "curves": {arm: [list(p) for p in points] for arm, points in curves(done, out).items()},
+        "curves_paired": paired_curves(done, out),
         "no_library": sorted(m for m in models if m in NO_LIBRARY),
         "sft": {m: _sft_summary(v) for m, v in sft.items()},
         "times_s": done["times"],

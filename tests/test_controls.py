@@ -2,12 +2,13 @@
 from SAGE's in what it claims and nothing else; paired differences and learning curves computed
 from evaluations by hand."""
 
+import json
 from pathlib import Path
 
 import pytest
 
 from sage_rl.config import load_config
-from sage_rl.recipe.controls import curve, differences, grpo_config, units, without_library
+from sage_rl.recipe.controls import curve, differences, grpo_config, paired_curve, units, without_library
 from sage_rl.recipe.pipeline import train_config
 from sage_rl.settings import EvalRunConfig, TrainConfig
 
@@ -106,6 +107,21 @@ def test_a_curve_starts_from_its_own_start_on_the_loops_scenarios():
     assert curve(start, final, [], None) == [(0, 25.0)]  # not trained yet: the start alone
 
 
+def test_a_paired_curve_is_each_points_difference_from_the_start_on_the_same_tasks():
+    start = _ev([("s1_1", "s1", True), ("s1_2", "s1", False), ("s2_1", "s2", False), ("s2_2", "s2", False)])
+    final = _ev([("s1_1", "s1", True), ("s1_2", "s1", True), ("s2_1", "s2", True), ("s2_2", "s2", True)])
+    mid = _ev([("s1_1", "s1", True), ("s1_2", "s1", True), ("s2_1", "s2", True), ("s2_2", "s2", False)])
+    other = _ev([("x_1", "x", True)])  # shares no task with the start: left out
+    # by hand: mid - start is 0, +100, +100, 0 over the tasks, +50 in each scenario, so every
+    # resample of scenarios gives +50; final - start is 0, +100, +100, +100: +50 in s1, +100 in s2,
+    # resamples of two scenarios give 50, 75 or 100 (a quarter each at the ends): [50, 100]
+    rows = paired_curve(start, [(220, mid), (250, other)], (300, final), None)
+    assert rows == [[220, 50.0, 50.0, 50.0], [300, 75.0, 50.0, 100.0]]
+    # the loop's first scenario only: the final model is taken on it too
+    s1 = _ev([("s1_1", "s1", True), ("s1_2", "s1", True)])
+    assert paired_curve(start, [(220, s1)], (300, final), 1) == [[220, 50.0, 50.0, 50.0], [300, 50.0, 50.0, 50.0]]
+
+
 
 def test_the_library_free_expert_collects_until_it_has_as_many_examples(tmp_path):
     """``collect_at_least`` resumes the collection with more scenarios (the plan's prefix kept) until
@@ -140,3 +156,18 @@ def test_the_library_free_expert_collects_until_it_has_as_many_examples(tmp_path
     assert after[: len(before)] == before  # the first scenarios' examples stay first
     n = len(asked)
     assert collect_at_least(cfg, want, counted) == got and len(asked) == n  # done: nothing runs
+
+
+def test_a_damaged_saved_evaluation_is_named_and_its_point_left_out(tmp_path, capsys):
+    from sage_rl.recipe.figure import _saved_eval
+    from sage_rl.train.layout import RunFolder
+
+    run = RunFolder.of(tmp_path)
+    run.evals.mkdir()
+    run.eval_file(2).write_text(json.dumps({"metrics": {"tgc": 50.0}, "outcomes": [["t", "s", True]]}))
+    run.eval_file(4).write_text('{"metrics": {"tgc": 5')  # torn
+    assert _saved_eval(run, 2)["outcomes"] == [["t", "s", True]]
+    assert _saved_eval(run, 3) is None and _saved_eval(run, None) is None  # none saved: no point, no noise
+    assert capsys.readouterr().err == ""
+    assert _saved_eval(run, 4) is None
+    assert "step_000004.json: not a saved evaluation" in capsys.readouterr().err.replace("\n", "")

@@ -112,7 +112,7 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
     assert evals["sage"]["policy"]["model"].startswith(str(out / "sage" / "checkpoints"))
 
     # equal sampled tokens: each arm stops at the first step that reaches the same budget
-    budget = row["sampled_token_budget"]
+    budget, saved = row["sampled_token_budget"], 0
     for name in RL_START:
         rows = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
         totals = [r["sampled_tokens_total"] for r in rows if "sampled_tokens_total" in r]
@@ -124,6 +124,16 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
         ok = [100.0 * s for _, sc, s in start["outcomes"] if sc == first]
         assert row["curves"][name][0] == [0, sum(ok) / len(ok)]
         assert row["curves"][name][-1][0] == totals[-1]
+        # the same curve paired with its start on the same tasks, from the loop's saved outcomes
+        paired, points = row["curves_paired"][name], row["curves"][name][1:]
+        assert [p[0] for p in paired] == [p[0] for p in points]
+        assert all(lo <= d <= hi for _, d, lo, hi in paired)
+        assert [d for _, d, *_ in paired] == pytest.approx([t - row["curves"][name][0][1] for _, t in points])
+        steps = [r["step"] for r in rows if r.get("eval/tgc") is not None]
+        assert [json.loads((out / name / "evals" / f"step_{s:06d}.json").read_text())["metrics"]["tgc"]
+                for s in steps] == [r["eval/tgc"] for r in rows if r.get("eval/tgc") is not None]  # fmt: skip
+        saved += len(steps)
+    assert saved  # some arm evaluated between its steps, so the saved outcomes were read
     assert (out / "laptop_recipe.png").stat().st_size > 10_000
 
     # a rerun finds every stage done (nothing is trained or evaluated again) and reports the same

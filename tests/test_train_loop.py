@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 
 import torch
 
@@ -135,21 +136,25 @@ def test_the_loop_syncs_after_every_step_and_builds_its_data_once(tiny, tmp_path
     assert [r["chains"] for r in rows] == [2.0, 2.0, 2.0]  # num_chains, from the step's batch
 
 
-def test_the_periodic_evaluation_is_greedy(tiny, monkeypatch):
+def test_the_periodic_evaluation_is_greedy_and_saved(tiny, tmp_path, monkeypatch):
     """Rollouts sample at the training temperature; the loop's evaluations (``eval/*``) are
-    greedy, like ``sage-rl eval`` and the recipe's."""
+    greedy, like ``sage-rl eval`` and the recipe's, and each is saved with its per-task outcomes."""
     from types import SimpleNamespace
 
     from sage_rl.train import loop
+    from sage_rl.train.layout import RunFolder
 
     seen = []
 
     async def fake_eval(runner, protocol, step, progress, label=""):
         seen.append(runner.params)
-        return SimpleNamespace(headline=None)
+        return SimpleNamespace(headline="m", record=lambda: {"metrics": {"tgc": 50.0}, "outcomes": [["t", "s", True]]})
 
     monkeypatch.setattr(loop, "run_eval", fake_eval)
     runner = _runner(None, 0.7)
-    asyncio.run(loop._evaluate(runner, TrainEvalConfig(), 0, None))
+    out = RunFolder.of(tmp_path)
+    assert asyncio.run(loop._evaluate(runner, TrainEvalConfig(), 4, None, out)) == "m"
     assert seen[0].temperature == 0.0 and runner.params.temperature == 0.7
     assert seen[0].max_tokens == runner.params.max_tokens
+    saved = json.loads((tmp_path / "evals" / "step_000004.json").read_text())
+    assert saved == {"metrics": {"tgc": 50.0}, "outcomes": [["t", "s", True]]}

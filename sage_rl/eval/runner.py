@@ -65,6 +65,21 @@ class EvalResult:
     def headline(self) -> EvalMetrics:
         return next(iter(self.metrics.values()))
 
+    def record(self) -> dict[str, Any]:
+        """The headline strategy's evaluation as saved (``outcomes.json``, a training run's
+        ``evals/step_NNNNNN.json``): ``{"metrics": <EvalMetrics as a dict>, "outcomes": [[task_id,
+        scenario_id, success], ...], "wall_s"}``, what paired comparisons read back."""
+        strategy = next(iter(self.metrics))
+        return {
+            "metrics": dataclasses.asdict(self.metrics[strategy]),
+            "outcomes": [
+                [t.task.task_id, t.task.scenario_id, t.outcome.success]
+                for c in self.chains[strategy]
+                for t in c.trajectories
+            ],
+            "wall_s": round(self.seconds, 1),
+        }
+
 
 async def run_eval(
     runner: ChainRunner,

@@ -159,3 +159,21 @@ def curve(
     if steps:
         points.append((steps[-1]["sampled_tokens_total"], tgc_on(final, subset)))
     return points
+
+
+def paired_curve(
+    start: dict[str, Any], points: list[tuple[int, dict[str, Any]]], final: tuple[int, dict[str, Any]], n: int | None
+) -> list[list[float]]:
+    """The curve as paired differences from its start model on the same tasks: ``[sampled tokens,
+    TGC - start's TGC, low, high]`` for each point whose per-task outcomes were saved (``points``:
+    the loop's ``evals/step_NNNNNN.json``, each with its sampled-token total), then for the final
+    model (``final``: the run's total and its full evaluation, taken on the first ``n`` scenarios,
+    as ``curve``). Intervals resample scenarios; a point sharing no task with the start is left out."""
+    subset = first_scenarios(start, n)
+    last = (final[0], {"outcomes": [row for row in final[1]["outcomes"] if row[1] in subset]})
+    rows = []
+    for tokens, ev in [*points, last]:
+        d = paired_outcomes(start["outcomes"], ev["outcomes"])
+        if d is not None:
+            rows.append([tokens, d[0], *d[1]])
+    return rows

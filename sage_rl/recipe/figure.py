@@ -4,12 +4,15 @@ model on each split, from the stages' results and the run folder's metrics."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
-from sage_rl.recipe.controls import MODELS, RL_START, SPLITS, curve
+from sage_rl.recipe.controls import MODELS, RL_START, SPLITS, curve, paired_curve
 from sage_rl.recipe.status import jsonl_rows
+from sage_rl.runs.console import err
 from sage_rl.settings import TrainConfig
+from sage_rl.train.layout import RunFolder
 
 
 def curves(done: dict[str, Any], out: Path) -> dict[str, list[tuple[int, float]]]:
@@ -23,6 +26,42 @@ def curves(done: dict[str, Any], out: Path) -> dict[str, list[tuple[int, float]]
         for arm, start in RL_START.items()
         if arm in res and key is not None
     }
+
+
+def paired_curves(done: dict[str, Any], out: Path) -> dict[str, list[list[float]]]:
+    """Each RL arm's curve as paired differences from its own start model on the same tasks
+    (``controls.paired_curve``): ``[sampled tokens, difference, low, high]`` per point, from the
+    periodic evaluations' saved outcomes (``evals/step_NNNNNN.json``; runs from before they were
+    saved have only the final point)."""
+    cfg: TrainConfig = done["cfg"]
+    key = next((k for k, s in SPLITS.items() if s == cfg.eval.split), None)
+    res, table = done["results"], {}
+    for arm, start in RL_START.items():
+        if arm not in res or key is None:
+            continue
+        run = RunFolder.of(out / arm)
+        rows = [r for r in jsonl_rows(run.metrics) if "sampled_tokens_total" in r]
+        if not rows:
+            continue
+        points = [(r["sampled_tokens_total"], ev) for r in rows if (ev := _saved_eval(run, r.get("step")))]
+        table[arm] = paired_curve(res[start][key], points, (rows[-1]["sampled_tokens_total"], res[arm][key]), cfg.eval.scenarios)
+    return table
+
+
+def _saved_eval(run: RunFolder, step: Any) -> dict[str, Any] | None:
+    """A periodic evaluation's saved outcomes, or None where that step has none; a damaged file
+    is named on stderr and its point left out (the figures it feeds are not the results)."""
+    path = run.eval_file(step) if isinstance(step, int) else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and isinstance(data.get("outcomes"), list):
+            return data
+    except (OSError, ValueError):
+        pass
+    err.print(f"{path}: not a saved evaluation (damaged?); its curve point is left out", markup=False)
+    return None
 
 
 def plot(done: dict[str, Any], out: Path, path: Path) -> None:

@@ -153,16 +153,7 @@ def evaluate(ev: EvalRunConfig) -> dict[str, Any]:
     if saved.is_file():
         return read_summary(saved)
     result = run_evaluation(ev, title=f"{ev.split}: {ev.policy.model or 'base model'}", resume=True)
-    strategy = next(iter(result.metrics))
-    out = {
-        "metrics": dataclasses.asdict(result.metrics[strategy]),
-        "outcomes": [
-            [t.task.task_id, t.task.scenario_id, t.outcome.success]
-            for c in result.chains[strategy]
-            for t in c.trajectories
-        ],
-        "wall_s": round(result.seconds, 1),
-    }
+    out = result.record()
     write_atomic(saved, json.dumps(out))
     return out
 

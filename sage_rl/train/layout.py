@@ -6,6 +6,7 @@
     <run>/rollouts/step_NNNNNN.jsonl       every chain drawn that step (train/loop.py)
     <run>/checkpoints/step_NNNNNN/         one checkpoint              (train/checkpoint.py)
     <run>/checkpoints/latest               the newest complete one's folder name
+    <run>/evals/step_NNNNNN.json           a periodic greedy evaluation's outcomes (train/loop.py)
     <run>/summary.json, report.md, curves.png   written at the end     (runs/train.py)
 
 Every module that writes or reads one of these asks ``RunFolder`` for its path. SFT's output
@@ -57,6 +58,15 @@ class RunFolder:
     def rollout_file(self, step: int) -> Path:
         """The chains drawn by step ``step`` (counted from 1, as the metrics rows)."""
         return self.rollouts / f"{step_name(step)}.jsonl"
+
+    @property
+    def evals(self) -> Path:
+        return self.root / "evals"
+
+    def eval_file(self, step: int) -> Path:
+        """The periodic greedy evaluation after step ``step``: its metrics and per-task outcomes
+        (``EvalResult.record``), so a curve's points can be compared task by task."""
+        return self.evals / f"{step_name(step)}.json"
 
     @property
     def checkpoints(self) -> Path:

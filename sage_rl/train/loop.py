@@ -17,6 +17,7 @@ same task stream.
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ from typing import Any
 
 from sage_rl.eval.metrics import EvalMetrics
 from sage_rl.eval.runner import run_eval
+from sage_rl.files import write_atomic
 from sage_rl.rollout.batch import rollout_step
 from sage_rl.rollout.chain import ChainRunner
 from sage_rl.rollout.journal import StepJournal, drop_others, journal_path, weights_digest
@@ -69,7 +71,7 @@ async def train(
     out = RunFolder.of(cfg.out_dir)
     before = None
     if cfg.eval.before_after and start == 0:
-        before = await _evaluate(runner, cfg.eval, 0, progress)
+        before = await _evaluate(runner, cfg.eval, 0, progress, out)
         logger.log(0, _eval_row(before))
     job = progress.add_task("RL steps", total=cfg.steps, completed=start) if progress else None
     rollout_s = train_s = 0.0
@@ -106,7 +108,7 @@ async def train(
         row |= {"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "groups_reused": journal.reused}
         row |= {"sampled_tokens": step_tokens, "sampled_tokens_total": sampled}
         if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and not last:
-            row.update(_eval_row(await _evaluate(runner, cfg.eval, step + 1, progress)))
+            row.update(_eval_row(await _evaluate(runner, cfg.eval, step + 1, progress, out)))
         logger.log(step + 1, row)
         if (step + 1) % cfg.checkpoint_every == 0 or last:
             save_checkpoint(trainer, out.root, logger.offset(), keep_last=cfg.keep_last)
@@ -116,7 +118,7 @@ async def train(
         done = step + 1
         if last:
             break
-    after = await _evaluate(runner, cfg.eval, done, progress) if cfg.eval.before_after else None
+    after = await _evaluate(runner, cfg.eval, done, progress, out) if cfg.eval.before_after else None
     return TrainResult(done, before, after, rollout_s, train_s, sampled)
 
 
@@ -128,13 +130,17 @@ def _sampled_so_far(out: RunFolder, start: int) -> int:
     return sum(int(r["sampled_tokens"]) for r in rows)
 
 
-async def _evaluate(runner: ChainRunner, cfg: TrainEvalConfig, step: int, progress: Any) -> EvalMetrics:
+async def _evaluate(
+    runner: ChainRunner, cfg: TrainEvalConfig, step: int, progress: Any, out: RunFolder
+) -> EvalMetrics:
     """The periodic evaluation: greedy (temperature 0), as ``sage-rl eval`` and the recipe's
     evaluations, whatever the rollouts' sampling temperature; logged as ``eval/*``, apart from the
-    sampled rollout metrics."""
+    sampled rollout metrics, and saved with its per-task outcomes in ``out.eval_file(step)``."""
     greedy = dataclasses.replace(runner, params=dataclasses.replace(runner.params, temperature=0.0))
     protocol = cfg.protocol(runner.skills.retrieval.strategy)
     result = await run_eval(greedy, protocol, step, progress, label=f"eval {cfg.split} @ step {step}, ")
+    out.evals.mkdir(parents=True, exist_ok=True)
+    write_atomic(out.eval_file(step), json.dumps(result.record()))
     return result.headline
 
 
