@@ -163,6 +163,48 @@ def test_a_screen_pools_each_templates_scenarios():
     assert two.tokens == 4 * 2 * 3 * 2 * 5  # templates x scenarios x samples x K tasks x 5 tokens
 
 
+def test_a_screen_confirms_the_templates_it_found_all_solved_or_all_failed():
+    # 2 samples of one task per scenario. By hand, with the policy's counters: always T T, never
+    # F F, half F T, quarter F F (its 4th call is its first success). Without confirming, quarter
+    # looks hopeless. Confirming gives the three extremes 2 more scenarios (4 more samples each):
+    # always 6 of 6, never 0 of 6, quarter calls 3-6 F T F F: 1 of 6; half is not sampled again.
+    class CountingSuite(TemplateSuite):
+        drawn: list = []
+
+        def scoped(self, names):
+            return CountingSuite(names)
+
+        def sample_chain(self, rng, length, split="train"):
+            chain = super().sample_chain(rng, length, split)
+            CountingSuite.drawn.append(chain[0].scenario_id)
+            return chain
+
+    def run(confirm):
+        suite = CountingSuite()
+        CountingSuite.drawn = []
+        runner = _runner(suite)
+        done = asyncio.run(screen(runner, random.Random(0), 1, 2, "train", step=0, concurrency=8, confirm=confirm))
+        return done, suite.drawn, runner.policy.calls
+
+    plain, drawn, _ = run(0)
+    assert plain.pool == ("half",) and plain.success["quarter"] == 0.0 and len(drawn) == 4
+    confirmed, drawn, calls = run(2)
+    assert dict(confirmed.success) == {"always": 1.0, "never": 0.0, "half": 0.5, "quarter": 1 / 6}
+    assert confirmed.pool == ("half", "quarter")
+    assert calls == {"always": 6, "never": 6, "half": 2, "quarter": 6}
+    assert len(set(drawn)) == 4 + 3 * 2  # fresh scenarios for the confirmation
+    assert confirmed.tokens == (4 * 2 + 3 * 2 * 2) * 5  # every sampled task paid for
+
+
+def test_the_pool_confirms_as_its_config_says(tmp_path):
+    for confirm, pool in ((0, ["half"]), (2, ["half", "quarter"])):
+        cfg = RolloutConfig(chain_length=1, pool="screened", screen_samples=2, screen_confirm=confirm)
+        run_dir = tmp_path / str(confirm)
+        run_dir.mkdir()
+        asyncio.run(ScreenedPool(_runner(), cfg, 0, run_dir, 0).runner_for(0))
+        assert [r["pool"] for r in pool_module.screens(run_dir)] == [pool]
+
+
 def test_the_pool_draws_only_templates_with_success_strictly_between_0_and_1(tmp_path):
     runner = _runner()
     cfg = RolloutConfig(chain_length=1, group_size=2, groups_per_step=6, pool="screened", screen_samples=4)

@@ -61,6 +61,12 @@ class RolloutConfig(Section):
     screen_scenarios: int = Field(
         1, ge=1, description="fresh scenarios per template in a screen (pool: screened)"
     )
+    screen_confirm: int = Field(
+        0,
+        ge=0,
+        description="more scenarios for each template a screen found all solved or all failed, pooled "
+        "with its first (pool: screened); 0 = none",
+    )
 
 
 def check_group_contract(groups: Sequence[Sequence[Chain]]) -> None:

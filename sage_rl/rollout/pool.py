@@ -14,6 +14,10 @@ How:
   screen: a template's success varies by scenario as much as by sample, and on the laptop
   experiment one scenario x 2 chains x 2 tasks kept 6 of 30 templates, holding 8 of the start
   model's 109 greedy held-out failures (docs/LOG.md, 2026-12-02, nineteenth session).
+- **Confirm.** With ``screen_confirm`` N, each template the first pass found all solved or all
+  failed gets N more scenarios, pooled with its first ones: a second look where one look decides
+  the most (on the laptop experiment, 9 templates scored 0 of 6 sampled tasks while greedy solved
+  some of their held-out tasks, one of them 9 of 9: docs/LOG.md, 2026-12-03).
 - **Pool.** The templates with ``0 < success < 1`` (:func:`informative`). The step's task
   sequences are drawn as without a pool (uniform template, fresh train seed), from those templates
   only. An empty pool (every template solved or hopeless) draws from every template, as without one.
@@ -24,7 +28,8 @@ How:
   screened again at each resume would spend its token budget on screens by how often it was
   stopped). It screens at its first step only when no screen it can use is on record.
 - **Cost.** A screen samples ``templates x screen_scenarios x screen_samples x chain_length`` tasks
-  (30 x 3 x 1 x 2 = 180 on the laptop experiment). Its generated tokens count as sampled
+  (30 x 3 x 1 x 2 = 180 on the laptop experiment), and ``extremes x screen_confirm x screen_samples
+  x chain_length`` more when it confirms (11 x 2 x 1 x 2 = 44 there). Its generated tokens count as sampled
   tokens of the step that screened (``sampled_tokens``, and so ``sampled_token_budget``): runs
   compared at equal sampled tokens pay for their screens. They are not trained on.
 
@@ -119,29 +124,38 @@ async def screen(
     concurrency: int,
     journal: StepJournal | None = None,
     scenarios: int = 1,
+    confirm: int = 0,
 ) -> Screen:
     """Screen every train template of ``runner.suite`` on ``scenarios`` scenarios each (see the
     module docstring); ``journal`` keeps its finished groups (a resumed step's screen samples only
-    those it lacks). Group ``SCREEN_GROUP_BASE + i * scenarios + j`` is template i's j-th scenario."""
+    those it lacks). Group ``SCREEN_GROUP_BASE + i * scenarios + j`` is template i's j-th scenario.
+    ``confirm``: that many more scenarios for each template the first pass found all solved or all
+    failed, pooled with its first ones (their groups numbered on after the first pass's): a
+    template solved a third of the time fails 6 samples in a row 9% of the time."""
     check_suite(runner.suite)
     names = tuple(runner.suite.train_templates)
-    sequences = [
-        (n, runner.suite.scoped([n]).sample_chain(rng, chain_length, split)) for n in names for _ in range(scenarios)
-    ]
     sem = asyncio.Semaphore(max(1, concurrency // max(1, samples)))
     t0 = time.perf_counter()
+    outcomes: dict[str, list[bool]] = {n: [] for n in names}
+    tokens = 0
 
     async def one(i: int, seq) -> list:
         async with sem:
             return await run_group_kept(runner, seq, Library(), SCREEN_GROUP_BASE + i, samples, step, journal)
 
-    groups = await asyncio.gather(*(one(i, seq) for i, (_, seq) in enumerate(sequences)))
-    outcomes: dict[str, list[bool]] = {n: [] for n in names}
-    tokens = 0
-    for (name, _), chains in zip(sequences, groups, strict=True):
-        trajs = [t for c in chains for t in c.trajectories]
-        outcomes[name] += [t.outcome.success for t in trajs]
-        tokens += sum(t.num_generated_tokens for t in trajs)
+    async def sample(templates: tuple[str, ...], n: int, first: int) -> None:
+        nonlocal tokens
+        seqs = [(t, runner.suite.scoped([t]).sample_chain(rng, chain_length, split)) for t in templates for _ in range(n)]
+        groups = await asyncio.gather(*(one(first + i, seq) for i, (_, seq) in enumerate(seqs)))
+        for (name, _), chains in zip(seqs, groups, strict=True):
+            trajs = [t for c in chains for t in c.trajectories]
+            outcomes[name] += [t.outcome.success for t in trajs]
+            tokens += sum(t.num_generated_tokens for t in trajs)
+
+    await sample(names, scenarios, 0)
+    extremes = tuple(n for n in names if len(set(outcomes[n])) == 1)
+    if confirm and extremes:
+        await sample(extremes, confirm, len(names) * scenarios)
     success = {n: sum(o) / max(1, len(o)) for n, o in outcomes.items()}
     return Screen(step, success, tokens, time.perf_counter() - t0)
 
@@ -184,6 +198,7 @@ class ScreenedPool:
                 cfg.concurrency,
                 journal,
                 scenarios=cfg.screen_scenarios,
+                confirm=cfg.screen_confirm,
             )
             with self._log.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(self.last.row()) + "\n")
