@@ -15,17 +15,22 @@ from sage_rl.settings import TrainConfig
 from sage_rl.train.layout import RunFolder
 
 
-def curves(done: dict[str, Any], out: Path) -> dict[str, list[tuple[int, float]]]:
-    """Each RL arm's greedy TGC curve on the first ``eval.scenarios`` scenarios of ``eval.split``
-    (``controls.curve``), from its own start model's measured TGC."""
+def _arms(done: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Each finished RL arm with its start model's and its own evaluation on the loop's split
+    (``eval.split``): (arm, start's evaluation, arm's evaluation)."""
     cfg: TrainConfig = done["cfg"]
     key = next((k for k, s in SPLITS.items() if s == cfg.eval.split), None)
     res = done["results"]
-    return {
-        arm: curve(res[start][key], res[arm][key], jsonl_rows(out / arm / "metrics.jsonl"), cfg.eval.scenarios)
-        for arm, start in RL_START.items()
-        if arm in res and key is not None
-    }
+    if key is None:
+        return []
+    return [(arm, res[start][key], res[arm][key]) for arm, start in RL_START.items() if arm in res]
+
+
+def curves(done: dict[str, Any], out: Path) -> dict[str, list[tuple[int, float]]]:
+    """Each RL arm's greedy TGC curve on the first ``eval.scenarios`` scenarios of ``eval.split``
+    (``controls.curve``), from its own start model's measured TGC."""
+    n = done["cfg"].eval.scenarios
+    return {arm: curve(start, final, jsonl_rows(out / arm / "metrics.jsonl"), n) for arm, start, final in _arms(done)}
 
 
 def paired_curves(done: dict[str, Any], out: Path) -> dict[str, list[list[float]]]:
@@ -33,18 +38,13 @@ def paired_curves(done: dict[str, Any], out: Path) -> dict[str, list[list[float]
     (``controls.paired_curve``): ``[sampled tokens, difference, low, high]`` per point, from the
     periodic evaluations' saved outcomes (``evals/step_NNNNNN.json``; runs from before they were
     saved have only the final point)."""
-    cfg: TrainConfig = done["cfg"]
-    key = next((k for k, s in SPLITS.items() if s == cfg.eval.split), None)
-    res, table = done["results"], {}
-    for arm, start in RL_START.items():
-        if arm not in res or key is None:
-            continue
+    table = {}
+    for arm, start, final in _arms(done):
         run = RunFolder.of(out / arm)
         rows = [r for r in jsonl_rows(run.metrics) if "sampled_tokens_total" in r]
-        if not rows:
-            continue
-        points = [(r["sampled_tokens_total"], ev) for r in rows if (ev := _saved_eval(run, r.get("step")))]
-        table[arm] = paired_curve(res[start][key], points, (rows[-1]["sampled_tokens_total"], res[arm][key]), cfg.eval.scenarios)
+        if rows:
+            points = [(r["sampled_tokens_total"], ev) for r in rows if (ev := _saved_eval(run, r.get("step")))]
+            table[arm] = paired_curve(start, points, (rows[-1]["sampled_tokens_total"], final), done["cfg"].eval.scenarios)
     return table
 
 

@@ -29,7 +29,7 @@ How:
   stopped). It screens at its first step only when no screen it can use is on record.
 - **Cost.** A screen samples ``templates x screen_scenarios x screen_samples x chain_length`` tasks
   (30 x 3 x 1 x 2 = 180 on the laptop experiment), and ``extremes x screen_confirm x screen_samples
-  x chain_length`` more when it confirms (11 x 2 x 1 x 2 = 44 there). Its generated tokens count as sampled
+  x chain_length`` more when it confirms (15 x 2 x 1 x 2 = 60 in its first use there: 27,602 tokens). Its generated tokens count as sampled
   tokens of the step that screened (``sampled_tokens``, and so ``sampled_token_budget``): runs
   compared at equal sampled tokens pay for their screens. They are not trained on.
 
@@ -136,28 +136,32 @@ async def screen(
     names = tuple(runner.suite.train_templates)
     sem = asyncio.Semaphore(max(1, concurrency // max(1, samples)))
     t0 = time.perf_counter()
-    outcomes: dict[str, list[bool]] = {n: [] for n in names}
-    tokens = 0
 
     async def one(i: int, seq) -> list:
         async with sem:
             return await run_group_kept(runner, seq, Library(), SCREEN_GROUP_BASE + i, samples, step, journal)
 
-    async def sample(templates: tuple[str, ...], n: int, first: int) -> None:
-        nonlocal tokens
+    async def sample(templates: tuple[str, ...], n: int, first: int) -> list[tuple[str, list]]:
+        """``n`` fresh scenarios of each template: (template, the trajectories of its group)."""
         seqs = [(t, runner.suite.scoped([t]).sample_chain(rng, chain_length, split)) for t in templates for _ in range(n)]
         groups = await asyncio.gather(*(one(first + i, seq) for i, (_, seq) in enumerate(seqs)))
-        for (name, _), chains in zip(seqs, groups, strict=True):
-            trajs = [t for c in chains for t in c.trajectories]
-            outcomes[name] += [t.outcome.success for t in trajs]
-            tokens += sum(t.num_generated_tokens for t in trajs)
+        return [(name, [t for c in chains for t in c.trajectories]) for (name, _), chains in zip(seqs, groups, strict=True)]
 
-    await sample(names, scenarios, 0)
-    extremes = tuple(n for n in names if len(set(outcomes[n])) == 1)
+    done = await sample(names, scenarios, 0)
+    extremes = tuple(n for n, o in _outcomes(names, done).items() if len(set(o)) == 1)
     if confirm and extremes:
-        await sample(extremes, confirm, len(names) * scenarios)
-    success = {n: sum(o) / max(1, len(o)) for n, o in outcomes.items()}
+        done += await sample(extremes, confirm, len(done))
+    success = {n: sum(o) / max(1, len(o)) for n, o in _outcomes(names, done).items()}
+    tokens = sum(t.num_generated_tokens for _, trajs in done for t in trajs)
     return Screen(step, success, tokens, time.perf_counter() - t0)
+
+
+def _outcomes(names: tuple[str, ...], sampled: list[tuple[str, list]]) -> dict[str, list[bool]]:
+    """Each template's task outcomes, from a screen's (template, trajectories) pairs."""
+    out: dict[str, list[bool]] = {n: [] for n in names}
+    for name, trajs in sampled:
+        out[name] += [t.outcome.success for t in trajs]
+    return out
 
 
 class ScreenedPool:
