@@ -51,6 +51,7 @@ from typing import Any
 
 from sage_rl.config import load_config
 from sage_rl.eval.ci import bootstrap_ci
+from sage_rl.eval.resume import ResumeError
 from sage_rl.recipe.controls import (
     MODELS,
     NO_LIBRARY,
@@ -85,6 +86,7 @@ from sage_rl.recipe.status import show as show_status
 from sage_rl.runs.collect import run_collect
 from sage_rl.runs.sft import run_sft
 from sage_rl.settings import TrainConfig
+from sage_rl.train.checkpoint import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
 #: --quick: the tiny random model, toy sizes, in-process executor: the pipeline in a few minutes.
@@ -260,7 +262,8 @@ def table(done: dict[str, Any], cfg: TrainConfig, out: Path) -> dict[str, Any]:
         "rl": {"B": cfg.rollout.groups_per_step, "G": cfg.rollout.group_size, "K_sage": cfg.rollout.chain_length,
                "pool": str(cfg.rollout.pool), "screen_every": cfg.rollout.screen_every,
                "screen_samples": cfg.rollout.screen_samples,
-               "screen_scenarios": cfg.rollout.screen_scenarios, "lr": cfg.trainer.lr,
+               "screen_scenarios": cfg.rollout.screen_scenarios, "screen_confirm": cfg.rollout.screen_confirm,
+               "dynamic_sampling": cfg.rollout.dynamic_sampling, "lr": cfg.trainer.lr,
                "warmup_steps": cfg.trainer.warmup_steps, "temperature": cfg.sampling.temperature},
         "models": models,
         "curves": {arm: [list(p) for p in points] for arm, points in curves(done, out).items()},
@@ -335,14 +338,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error(f"--quick writes toy figures: not into {results}, which holds the measured ones")
     overrides = list(args.overrides)
     if args.quick:
-        overrides = [*QUICK, f"policy.model={_tiny(out)}", *overrides]
+        # one base model for a run and the run it links from (--sft-from): their base evaluations are one
+        tiny = _tiny(Path(args.sft_from) if args.sft_from else out)
+        overrides = [*QUICK, f"policy.model={tiny}", *overrides]
     cfg = load_config(TrainConfig, args.config, overrides)
     if args.sft_from:
         try:
             share_sft_stages(Path(args.sft_from), out, SPLITS.values(), args.until)
         except RecipeError as e:
             ap.error(str(e))
-    done = run(cfg, out, args.until, args.parallel)
+    try:
+        done = run(cfg, out, args.until, args.parallel)
+    except (RecipeError, CheckpointError, ResumeError) as e:  # a stage in --out that is not this run's
+        sys.exit(f"laptop_recipe: {e}")
     results.mkdir(parents=True, exist_ok=True)
     row = table(done, cfg, out) | {"sft_from": args.sft_from}
     (results / "laptop_recipe.json").write_text(json.dumps(row, indent=1) + "\n")

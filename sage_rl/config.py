@@ -233,3 +233,17 @@ def _deep_merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[k] = _deep_copy(v) if isinstance(v, Mapping) else v
     return out
+
+
+def settings_diff(saved: Mapping[str, Any], now: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """``[(dotted key, saved value, new value)]`` where two dumped configs differ, in key order, at
+    any depth. A key that only one side has (a setting added to the code since ``saved`` was
+    written, say) is left out: resumes compare what both runs could set."""
+    out: list[tuple[str, Any, Any]] = []
+    for key in sorted(saved.keys() & now.keys()):
+        a, b, name = saved[key], now[key], f"{prefix}{key}"
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += settings_diff(a, b, f"{name}.")
+        elif a != b:
+            out.append((name, a, b))
+    return out

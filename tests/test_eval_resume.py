@@ -74,15 +74,40 @@ def test_a_folder_of_other_settings_is_refused_and_kept(tmp_path, ran):
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     # how fast it runs is not a setting: resuming with other parallelism is fine
     run_evaluation(_cfg(tmp_path, "limit_scenarios=2", "concurrency=1", "policy.threads=1"), resume=True)
-    with pytest.raises(ResumeError, match=r"limit_scenarios differ"):
+    with pytest.raises(ResumeError, match=r"limit_scenarios: 2 -> 4"):
         run_evaluation(_cfg(tmp_path), resume=True)
-    with pytest.raises(ResumeError, match="sampling differ"):
+    with pytest.raises(ResumeError, match=r"sampling.temperature: 0.7 -> 0.5"):
         run_evaluation(_cfg(tmp_path, "limit_scenarios=2", "sampling.temperature=0.5"), resume=True)
     after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     assert (
         after.keys() == before.keys()
         and after["trajectories.same_scenario.jsonl"] == before["trajectories.same_scenario.jsonl"]
     )
+
+
+def test_a_finished_evaluation_is_read_back_only_for_its_own_model(tmp_path, ran, tiny_dir):
+    """The recipes read a finished evaluation back instead of running it (``pipeline.evaluate``):
+    only when it evaluated this model under these settings. A model folder linked elsewhere (as
+    ``--sft-from`` links them) is the same model; a retrained one is not, and is named."""
+    import shutil
+
+    from sage_rl.recipe.pipeline import evaluate
+
+    model, other = tmp_path / "sft", tmp_path / "sage_step13"
+    shutil.copytree(tiny_dir, model), shutil.copytree(tiny_dir, other)  # the scripted policy reads a tokenizer
+    (tmp_path / "linked").symlink_to(model, target_is_directory=True)
+    out = tmp_path / "eval"
+    evaluate(_cfg(out, f"policy.model={model}", "limit_scenarios=2"))
+    first = json.loads((out / "outcomes.json").read_text())
+    assert len(ran) == 2
+    ran.clear()
+    assert evaluate(_cfg(out, f"policy.model={tmp_path / 'linked'}", "limit_scenarios=2")) == first
+    assert ran == []  # read back
+    with pytest.raises(ResumeError, match=rf"policy.model: '{model}' -> '{other}'"):
+        evaluate(_cfg(out, f"policy.model={other}", "limit_scenarios=2"))
+    with pytest.raises(ResumeError, match="limit_scenarios: 2 -> 4"):
+        evaluate(_cfg(out, f"policy.model={model}"))
+    assert ran == [] and json.loads((out / "outcomes.json").read_text()) == first  # kept
 
 
 def test_trajectories_without_their_settings_are_refused(tmp_path, ran):
@@ -116,4 +141,31 @@ def test_the_command_resumes_and_names_a_mismatch_in_one_line(tmp_path):
     r = cli("limit_scenarios=1", out, "--resume")
     assert r.returncode == 0 and "1/1" in r.stderr  # read back, nothing left to run
     r = cli("limit_scenarios=2", out, "--resume")
-    assert r.returncode == 1 and "limit_scenarios differ" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 1 and "limit_scenarios: 1 -> 2" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_split_that_grew_is_evaluated_further_on_its_new_scenarios_only(tmp_path, ran, monkeypatch):
+    """``train_heldout`` only ever appends seeds (issue 27: 3, then 7 a template). A finished
+    evaluation of the shorter split is not read back short: its new scenarios run, the others are
+    read back, and the outcomes hold both."""
+    from sage_rl.envs.pocketworld import tasks
+    from sage_rl.recipe.pipeline import evaluate
+
+    def seeds(n):
+        monkeypatch.setattr(tasks, "HELDOUT_SEEDS", range(2**31, 2**31 + n))
+        tasks.split_tasks.cache_clear()
+
+    scope = "pocketworld.templates=[notes_count_tag,todo_count_open]"
+    cfg = _cfg(tmp_path, "split=train_heldout", "limit_scenarios=null", scope)
+    try:
+        seeds(1)
+        first = evaluate(cfg)
+        assert len(ran) == 2 and first["metrics"]["scenarios"] == 2
+        ran.clear()
+        assert evaluate(cfg)["outcomes"] == first["outcomes"] and ran == []  # nothing new: read back
+        seeds(2)
+        grown = evaluate(cfg)
+        assert sorted(ran) == sorted(f"{t}-s{2**31 + 1}" for t in ("notes_count_tag", "todo_count_open"))
+        assert grown["metrics"]["scenarios"] == 4 and grown["outcomes"][:6] == first["outcomes"]
+    finally:
+        tasks.split_tasks.cache_clear()

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
+from sage_rl.config import settings_diff
 from sage_rl.types import Chain, Task
 
 log = logging.getLogger(__name__)
@@ -31,7 +33,7 @@ log = logging.getLogger(__name__)
 SETTINGS = "resume.json"
 #: keys that change how fast an evaluation runs, not what it measures
 _OPERATIONAL = {"out_dir", "concurrency"}
-_POLICY_OPERATIONAL = {"threads", "max_batch", "cache_gib", "max_concurrency", "column_blocks", "decode_pool"}
+POLICY_OPERATIONAL = {"threads", "max_batch", "cache_gib", "max_concurrency", "column_blocks", "decode_pool"}
 
 
 class ResumeError(Exception):
@@ -43,32 +45,56 @@ def settings_of(cfg: BaseModel) -> dict[str, Any]:
     data = cfg.model_dump(mode="json")
     out = {k: v for k, v in data.items() if k not in _OPERATIONAL}
     if isinstance(out.get("policy"), dict):
-        out["policy"] = {k: v for k, v in out["policy"].items() if k not in _POLICY_OPERATIONAL}
+        out["policy"] = {k: v for k, v in out["policy"].items() if k not in POLICY_OPERATIONAL}
     return out
 
 
 def start(folder: Path, cfg: BaseModel, resume: bool) -> None:
     """Record ``cfg``'s settings in ``folder`` (a new evaluation), or check them (``resume``)."""
     folder.mkdir(parents=True, exist_ok=True)
-    path, settings = folder / SETTINGS, settings_of(cfg)
+    path = folder / SETTINGS
     if resume and not path.is_file() and any(folder.glob("trajectories.*.jsonl")):
         raise ResumeError(
             f"{folder} holds trajectories but no {SETTINGS}: written by an evaluation whose settings "
             "cannot be checked; evaluate into another out_dir, or remove that folder"
         )
     if resume and path.is_file():
-        try:
-            saved = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise ResumeError(f"{path}: unreadable ({type(e).__name__}: {e}); nothing was deleted") from None
-        if saved != settings:
-            keys = sorted(k for k in {*saved, *settings} if saved.get(k) != settings.get(k))
-            raise ResumeError(
-                f"{folder} holds an evaluation with other settings ({', '.join(keys)} differ, per {path}); "
-                "evaluate into another out_dir, or remove that folder"
-            )
+        same_settings(folder, cfg)
         return
-    path.write_text(json.dumps(settings, indent=1, sort_keys=True), encoding="utf-8")
+    path.write_text(json.dumps(settings_of(cfg), indent=1, sort_keys=True), encoding="utf-8")
+
+
+def same_settings(folder: Path, cfg: BaseModel) -> None:
+    """``ResumeError`` naming what differs when ``folder``'s recorded settings are not ``cfg``'s
+    (the model evaluated among them); nothing when it records none."""
+    path = folder / SETTINGS
+    if not path.is_file():
+        return
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ResumeError(f"{path}: unreadable ({type(e).__name__}: {e}); nothing was deleted") from None
+    now = settings_of(cfg)
+    diffs = settings_diff(_located(saved), _located(now)) if isinstance(saved, dict) else [("(whole file)", saved, None)]
+    if diffs:
+        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diffs[:6]) + (" ..." if len(diffs) > 6 else "")
+        raise ResumeError(
+            f"{folder} holds an evaluation with other settings ({listed}; per {path}): evaluate into "
+            "another out_dir, or remove that folder"
+        )
+
+
+def located(path: Any) -> Any:
+    """A model's folder as the folder it resolves to (a run linked into another folder, as
+    ``--sft-from`` links them, evaluates the same model); anything else as it is."""
+    return os.path.realpath(path) if isinstance(path, str) and path and os.path.exists(path) else path
+
+
+def _located(settings: dict[str, Any]) -> dict[str, Any]:
+    policy = settings.get("policy")
+    if not isinstance(policy, dict) or "model" not in policy:
+        return settings
+    return settings | {"policy": policy | {"model": located(policy["model"])}}
 
 
 def finished(path: Path, scenarios: Sequence[tuple[Task, ...]]) -> dict[int, Chain]:

@@ -26,7 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from sage_rl.config import dump_config
+from sage_rl.eval.resume import same_settings
+from sage_rl.eval.runner import scenarios_of
 from sage_rl.files import write_atomic
 from sage_rl.recipe.report import write_report
 from sage_rl.runs.collect import run_collect
@@ -36,6 +40,7 @@ from sage_rl.runs.sft import run_sft
 from sage_rl.runs.train import run_train
 from sage_rl.settings import CollectConfig, EvalRunConfig, RecipeSettings, RunConfig, TrainConfig
 from sage_rl.train.checkpoint import latest_checkpoint
+from sage_rl.train.same_run import check_same_run
 from sage_rl.train.sft_config import SFTConfig
 
 STATE = "recipe.json"  # per-stage results and times, rewritten after every stage
@@ -147,15 +152,34 @@ def eval_config(
 
 def evaluate(ev: EvalRunConfig) -> dict[str, Any]:
     """Run (or, when its folder holds one, read back) an evaluation; returns
-    ``{"metrics": <EvalMetrics as a dict>, "outcomes": [[task_id, scenario_id, success], ...]}``."""
+    ``{"metrics": <EvalMetrics as a dict>, "outcomes": [[task_id, scenario_id, success], ...]}``.
+    One is read back only when it evaluated this model under these settings (else ``ResumeError``)
+    and holds every scenario the split lists now: a split that grew since (``train_heldout`` only
+    ever appends seeds) is evaluated further, on its new scenarios only."""
     folder = Path(ev.out_dir)
     saved = folder / "outcomes.json"
     if saved.is_file():
-        return read_summary(saved)
+        same_settings(folder, ev)
+        done = read_summary(saved)
+        missing = [s for s in listed_scenarios(ev) or () if s not in {o[1] for o in done["outcomes"]}]
+        if not missing:
+            return done
+        err.print(f"{folder}: {len(missing)} scenarios of {ev.split} were added since it was evaluated; running them")
     result = run_evaluation(ev, title=f"{ev.split}: {ev.policy.model or 'base model'}", resume=True)
     out = result.record()
     write_atomic(saved, json.dumps(out))
     return out
+
+
+def listed_scenarios(ev: EvalRunConfig) -> list[str] | None:
+    """The scenario ids ``ev`` evaluates, in order, where they can be listed without opening its
+    suite (PocketWorld's splits are generated); None elsewhere."""
+    if ev.env != "pocketworld":
+        return None
+    from sage_rl.envs.pocketworld.env import PocketWorldSuite
+
+    tasks = PocketWorldSuite(templates=ev.pocketworld.templates).split(ev.split)
+    return [s[0].scenario_id for s in scenarios_of(tasks)[: ev.limit_scenarios]]
 
 
 def run(cfg: TrainConfig, resume: bool) -> dict[str, Any]:
@@ -291,8 +315,22 @@ def collect_at_least(cfg: CollectConfig, examples: int, collect: Callable[..., d
 def train_once(cfg: TrainConfig) -> dict:
     """``sage-rl train`` of ``cfg``, unless its summary exists. A folder left by a stopped run is
     resumed: from its last checkpoint, or from step 0 when it stopped before its first step was
-    logged (a folder with logged steps and no checkpoint is a ``CheckpointError`` naming it)."""
+    logged (a folder with logged steps and no checkpoint is a ``CheckpointError`` naming it).
+    Either way the folder's run must have ``cfg``'s settings (``train/same_run.py``:
+    ``SettingsChanged``, a ``CheckpointError``); a finished one its length too (``steps``,
+    ``sampled_token_budget``), or arms compared at one budget would not be (``RecipeError``)."""
     out = Path(cfg.out_dir)
+    check_same_run(out / "config.yaml", cfg)
+    if (out / "summary.json").is_file():
+        saved = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8")) or {}
+        longer = [f"{k}: {saved[k]!r} -> {getattr(cfg, k)!r}" for k in ("steps", "sampled_token_budget")
+                  if k in saved and saved[k] != getattr(cfg, k)]
+        if longer:
+            raise RecipeError(
+                f"{out} finished under other lengths ({'; '.join(longer)}), and its evaluations are of "
+                "the model it finished with: give the run's own lengths, or run the new ones into "
+                "another folder"
+            )
     return run_once(out / "summary.json", lambda c: run_train(c, resume=out.is_dir()), cfg)
 
 

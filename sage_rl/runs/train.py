@@ -21,6 +21,7 @@ from sage_rl.runs.console import err, progress
 from sage_rl.settings import TrainConfig
 from sage_rl.train.layout import RunFolder
 from sage_rl.train.loop import TrainResult, train
+from sage_rl.train.same_run import check_same_run
 
 
 class NoStartModel(ValueError):
@@ -41,9 +42,12 @@ def check_start(cfg: TrainConfig) -> None:
 def run_train(cfg: TrainConfig, resume: bool) -> dict:
     """Train per ``cfg`` and write the run folder: config, checkpoints, metrics, rollouts,
     ``summary.json``, ``report.md``, ``curves.png``. Returns the summary. Raises ``NoStartModel``,
-    ``FileExistsError`` (a used folder without ``resume``), ``CheckpointError``, ``BuildError``."""
+    ``FileExistsError`` (a used folder without ``resume``), ``SettingsChanged`` (``resume`` with other
+    settings than the folder's run), ``CheckpointError``, ``BuildError``."""
     check_start(cfg)
     folder = RunFolder.of(cfg.out_dir)
+    if resume:  # the folder's run, under its own settings (train/same_run.py), before anything loads
+        check_same_run(folder.config, cfg)
     t0 = time.perf_counter()
     training = open_training(cfg, resume)
     if training.model_source != cfg.policy.model:
