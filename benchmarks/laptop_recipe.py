@@ -60,7 +60,9 @@ from sage_rl.recipe.controls import (
     SPLITS,
     differences,
     grpo_config,
+    on_pool,
     per_task,
+    screened_templates,
     units,
     without_library,
 )
@@ -253,6 +255,11 @@ def table(done: dict[str, Any], cfg: TrainConfig, out: Path) -> dict[str, Any]:
         for a, b in PAIRS:
             if a in res and b in res:
                 row |= differences(key, a, b, res[a][key], res[b][key])
+        for arm, start in RL_START.items():  # where RL's gain lies: the templates it sampled, the others
+            pool = screened_templates(out / arm)
+            if key == "heldout" and arm in res and start in res and pool is not None:  # dev: other templates
+                row |= on_pool(key, arm, start, res[arm][key], res[start][key], pool)
+                row[f"pool_templates_{arm}"] = sorted(pool)
     rl, sft = done["rl"], done["sft"]
     row |= {
         "sampled_token_budget": cfg.sampled_token_budget,

@@ -8,7 +8,17 @@ from pathlib import Path
 import pytest
 
 from sage_rl.config import load_config
-from sage_rl.recipe.controls import curve, differences, grpo_config, paired_curve, units, without_library
+from sage_rl.recipe.controls import (
+    curve,
+    differences,
+    grpo_config,
+    on_pool,
+    paired_curve,
+    screened_templates,
+    template_of,
+    units,
+    without_library,
+)
 from sage_rl.recipe.pipeline import train_config
 from sage_rl.settings import EvalRunConfig, TrainConfig
 
@@ -92,6 +102,28 @@ def test_paired_differences_by_hand():
     d = differences("heldout", "x", "y", _ev(rows_a), _ev(rows_b))
     assert d["heldout_steps_x_minus_y"] is None and d["heldout_tokens_x_minus_y_ci"] is None
     assert [u["steps"] for u in units(_ev(rows_a, per_a))] == [1, 1, 2, 3]
+
+
+def test_the_gain_on_and_off_the_screened_pool_by_hand(tmp_path):
+    """Where RL's gain lies: the templates its screens drew (``screens.jsonl``, every screen's pool)
+    against the others, each paired over its own scenarios."""
+    (tmp_path / "screens.jsonl").write_text(
+        json.dumps({"step": 0, "pool": ["mail_a"]}) + "\n" + json.dumps({"step": 4, "pool": ["mail_a", "todo_b"]}) + "\n"
+    )
+    pool = screened_templates(tmp_path)
+    assert pool == {"mail_a", "todo_b"} and screened_templates(tmp_path / "none") is None
+    assert template_of("todo_b-s2147483650") == "todo_b" and template_of("mail_a") == "mail_a"
+    sc = {"mail_a-s1": "mail_a", "todo_b-s1": "todo_b", "note_c-s1": "note_c", "note_c-s2": "note_c"}
+    rows_b = [(f"{s}_{n}", s, False) for s in sc for n in (1, 2)]
+    # the arm solves both tasks of mail_a, one of todo_b's, and loses nothing off the pool
+    rows_a = [(f"{s}_{n}", s, s == "mail_a-s1" or (s == "todo_b-s1" and n == 1)) for s in sc for n in (1, 2)]
+    rows_b[-1] = ("note_c-s2_2", "note_c-s2", True)  # the start solved one off-pool task the arm fails
+    d = on_pool("heldout", "sage", "sft", _ev(rows_a), _ev(rows_b), pool)
+    assert d["heldout_tgc_sage_minus_sft_pool"] == pytest.approx(75.0)  # (2 + 1) / 4 tasks
+    assert d["heldout_tgc_sage_minus_sft_offpool"] == pytest.approx(-25.0)  # (0 - 1) / 4 tasks
+    lo, hi = d["heldout_tgc_sage_minus_sft_offpool_ci"]
+    assert -50.0 <= lo <= -25.0 <= hi <= 0.0  # resampling note_c's two scenarios: 0 or -50
+    assert on_pool("heldout", "sage", "sft", _ev(rows_a), _ev(rows_b), set())["heldout_tgc_sage_minus_sft_pool"] is None
 
 
 def test_a_curve_starts_from_its_own_start_on_the_loops_scenarios():

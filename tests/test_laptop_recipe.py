@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sage_rl.recipe.controls import MODELS, NO_LIBRARY, RL_START
+from sage_rl.recipe.controls import MODELS, NO_LIBRARY, RL_START, screened_templates
 from sage_rl.recipe.pipeline import RecipeError
 from sage_rl.recipe.share import share_sft_stages, shared_stages
 
@@ -118,6 +118,9 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
         totals = [r["sampled_tokens_total"] for r in rows if "sampled_tokens_total" in r]
         assert totals[-1] == row[f"sampled_tokens_{name}"] >= budget and all(t < budget for t in totals[:-1])
         assert (out / name / "screens.jsonl").is_file() and "pool/size" in rows[0]  # the screened pool
+        # where the gain lies: on the templates the arm's screens drew, and off them (two templates here)
+        assert row[f"pool_templates_{name}"] == sorted(screened_templates(out / name))
+        assert all(f"heldout_tgc_{name}_minus_{RL_START[name]}_{p}" in row for p in ("pool", "offpool"))
         # the curve starts from this arm's own start model on the loop's scenarios, never another's
         start = json.loads((out / "eval" / f"{RL_START[name]}_train_heldout" / "outcomes.json").read_text())
         first = start["outcomes"][0][1]

@@ -27,6 +27,7 @@ pure: configs in, configs out; evaluations in, figures out.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -128,6 +129,35 @@ def differences(key: str, a: str, b: str, ea: dict[str, Any], eb: dict[str, Any]
         d = paired_difference(before, after, clusters=[ub[t]["scenario"] for t in both]) if both else None
         out |= _named(name.format(metric), d)
     return out
+
+
+def on_pool(key: str, arm: str, start: str, ea: dict[str, Any], eb: dict[str, Any], pool: set[str]) -> dict[str, Any]:
+    """``<key>_tgc_<arm>_minus_<start>_pool`` and ``..._offpool`` with ``_ci``: the paired TGC
+    difference on the tasks of the templates the arm's screens drew from (``pool``), and on the
+    others. RL samples only the pool, so this says whether its gain reaches templates it never
+    sampled (laptop28: +12.9 on the pool, -5.1 off it). A scenario's template is its id less
+    ``-s<seed>`` (PocketWorld's held-out ids)."""
+    name = f"{key}_tgc_{arm}_minus_{start}"
+    out: dict[str, Any] = {}
+    for part, keep in (("pool", True), ("offpool", False)):
+        ra, rb = ([r for r in e["outcomes"] if (template_of(r[1]) in pool) is keep] for e in (ea, eb))
+        out |= _named(f"{name}_{part}", paired_outcomes(rb, ra))
+    return out
+
+
+def template_of(scenario_id: str) -> str:
+    """``email_relationship-s2147483648`` -> ``email_relationship``."""
+    return re.sub(r"-s\d+$", "", scenario_id)
+
+
+def screened_templates(run_dir: Path) -> set[str] | None:
+    """Every template any screen of an RL run drew into its pool (``screens.jsonl``); None for a run
+    without a screened pool."""
+    path = run_dir / "screens.jsonl"
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return {t for row in rows for t in row.get("pool", ())}
 
 
 def _named(name: str, d: tuple[float, tuple[float, float]] | None) -> dict[str, Any]:
