@@ -88,8 +88,10 @@ def docs_openai() -> str:
 
 @pytest.fixture(scope="session")
 def docs_train_run(docs_tiny, tmp_path_factory, worker_id) -> Path:
-    args = ["train", f"policy.model={docs_tiny}", "init_from=null", "steps=1", "rollout.group_size=2",
-            "eval.scenarios=1", *AGENT]  # fmt: skip
+    # the settings of the smoke form of `sage-rl train --resume` (test_docs_commands._overrides) less its
+    # `steps=2`: a resume continues a run under its own settings (train/same_run.py)
+    args = ["train", str(ROOT / "configs" / "quickstart.yaml"), f"policy.model={docs_tiny}", "init_from=null",
+            "steps=1", "rollout.group_size=2", "rollout.groups_per_step=1", "eval.scenarios=1", *AGENT]  # fmt: skip
     return _shared(
         tmp_path_factory, worker_id, "train-run", lambda d: _ok(sage_cli([*args, f"out_dir={d}"], d))
     )
