@@ -1,0 +1,39 @@
+"""benchmarks/paired.py: two finished evaluations of a run folder, paired as the recipe's table pairs them."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("paired", ROOT / "benchmarks" / "paired.py")
+paired = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(paired)
+
+
+def _eval(run: Path, model: str, rows: list) -> None:
+    folder = run / "eval" / f"{model}_train_heldout"
+    folder.mkdir(parents=True)
+    tgc = 100.0 * sum(r[2] for r in rows) / len(rows)
+    metrics = {"tasks": len(rows), "scenarios": len({r[1] for r in rows}), "tgc": tgc, "tgc_ci": [0.0, 100.0],
+               "sgc": 0.0, "sgc_ci": [0.0, 0.0], "avg_steps": 1.0, "avg_tokens": 10.0}  # fmt: skip
+    (folder / "outcomes.json").write_text(json.dumps({"metrics": metrics, "outcomes": rows}))
+
+
+def test_a_run_folders_pair_by_hand(tmp_path, capsys):
+    (tmp_path / "sage").mkdir()
+    (tmp_path / "sage" / "screens.jsonl").write_text(json.dumps({"step": 0, "pool": ["mail_a"]}) + "\n")
+    scen = ["mail_a-s1", "mail_a-s2", "note_c-s1", "note_c-s2"]
+    _eval(tmp_path, "sft", [[f"{s}_1", s, s == "note_c-s1"] for s in scen])
+    _eval(tmp_path, "sage", [[f"{s}_1", s, s.startswith("mail_a")] for s in scen])
+    row = paired.main([str(tmp_path), "sage", "sft", "--json", str(tmp_path / "out.json")])
+    assert row["heldout_tgc_sage_minus_sft"] == pytest.approx(25.0)  # (2 - 1) of 4 tasks
+    assert row["heldout_tgc_sage_minus_sft_pool"] == pytest.approx(100.0)  # mail_a: 2 of 2 against 0
+    assert row["heldout_tgc_sage_minus_sft_offpool"] == pytest.approx(-50.0)  # note_c: 0 against 1 of 2
+    assert row["heldout_steps_sage_minus_sft"] is None  # no trajectories: n/a, not 0
+    assert json.loads((tmp_path / "out.json").read_text())["pool_templates_sage"] == ["mail_a"]
+    out = capsys.readouterr().out
+    assert "heldout_tgc_sage_minus_sft: +25.00" in out and "heldout_steps_sage_minus_sft: n/a" in out
+    with pytest.raises(SystemExit, match="grpo_lib has no finished evaluation"):
+        paired.main([str(tmp_path), "grpo_lib", "sft"])
