@@ -62,7 +62,11 @@ def test_check_same_run_refuses_and_names_a_damaged_config(tmp_path):
     with pytest.raises(SettingsChanged, match="config.yaml: the run's settings cannot be read"):
         check_same_run(config, _cfg())
     config.write_text("- a list")
-    with pytest.raises(SettingsChanged, match="not a config"):
+    with pytest.raises(SettingsChanged, match="must hold a mapping"):
+        check_same_run(config, _cfg())
+    config.write_text("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)))
+    with pytest.raises(SettingsChanged, match="cannot be read"):  # an alias bomb: 10^9 values, refused unexpanded
         check_same_run(config, _cfg())
 
 

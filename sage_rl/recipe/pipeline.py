@@ -26,9 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from sage_rl.config import dump_config
+from sage_rl.config import dump_config, read_yaml
 from sage_rl.eval.resume import same_settings
 from sage_rl.eval.runner import scenarios_of
 from sage_rl.files import write_atomic
@@ -322,7 +320,7 @@ def train_once(cfg: TrainConfig) -> dict:
     out = Path(cfg.out_dir)
     check_same_run(out / "config.yaml", cfg)
     if (out / "summary.json").is_file():
-        saved = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8")) or {}
+        saved = read_yaml(out / "config.yaml")  # read by check_same_run just now
         longer = [f"{k}: {saved[k]!r} -> {getattr(cfg, k)!r}" for k in ("steps", "sampled_token_budget")
                   if k in saved and saved[k] != getattr(cfg, k)]
         if longer:

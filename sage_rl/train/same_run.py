@@ -19,10 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel
 
-from sage_rl.config import settings_diff
+from sage_rl.config import ConfigError, read_yaml, settings_diff
 from sage_rl.eval.resume import POLICY_OPERATIONAL, located
 from sage_rl.train.checkpoint import CheckpointError
 
@@ -68,14 +67,12 @@ def check_same_run(config_file: Path, cfg: BaseModel) -> None:
     if not config_file.is_file():
         return
     try:
-        saved = yaml.safe_load(config_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        saved = read_yaml(config_file)  # the guarded reader: alias bombs and deep nesting are refused by name
+    except ConfigError as e:
         raise SettingsChanged(
-            f"{config_file}: the run's settings cannot be read ({type(e).__name__}); nothing was "
-            "changed: restore the file, or train into another out_dir"
+            f"{config_file}: the run's settings cannot be read ({e}); nothing was changed: restore the file, or "
+            "train into another out_dir"
         ) from None
-    if not isinstance(saved, dict):
-        raise SettingsChanged(f"{config_file}: not a config (a YAML mapping); restore it, or train into another out_dir")
     diffs = changed(saved, cfg.model_dump(mode="json"))
     if diffs:
         listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diffs[:8])
