@@ -255,9 +255,9 @@ def table(done: dict[str, Any], cfg: TrainConfig, out: Path) -> dict[str, Any]:
         for a, b in PAIRS:
             if a in res and b in res:
                 row |= differences(key, a, b, res[a][key], res[b][key])
-        for arm, start in RL_START.items():  # where RL's gain lies: the templates it sampled, the others
-            pool = screened_templates(out / arm)
-            if key == "heldout" and arm in res and start in res and pool is not None:  # dev: other templates
+        for arm, start in RL_START.items() if key == "heldout" else ():  # dev's templates are never pooled
+            pool = screened_templates(out / arm) if arm in res and start in res else None
+            if pool is not None:  # where RL's gain lies: the templates it sampled, and the others
                 row |= on_pool(key, arm, start, res[arm][key], res[start][key], pool)
                 row[f"pool_templates_{arm}"] = sorted(pool)
     rl, sft = done["rl"], done["sft"]

@@ -235,6 +235,12 @@ def _deep_merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def describe_diff(diffs: list[tuple[str, Any, Any]], limit: int = 8) -> str:
+    """``settings_diff``'s rows as one line for an error: ``key: old -> new; ...`` (the first ``limit``)."""
+    more = f" (and {len(diffs) - limit} more)" if len(diffs) > limit else ""
+    return "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diffs[:limit]) + more
+
+
 def settings_diff(saved: Mapping[str, Any], now: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
     """``[(dotted key, saved value, new value)]`` where two dumped configs differ, in key order, at
     any depth. A key that only one side has (a setting added to the code since ``saved`` was

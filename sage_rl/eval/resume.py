@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sage_rl.config import settings_diff
+from sage_rl.config import describe_diff, settings_diff
 from sage_rl.types import Chain, Task
 
 log = logging.getLogger(__name__)
@@ -77,9 +77,8 @@ def same_settings(folder: Path, cfg: BaseModel) -> None:
     now = settings_of(cfg)
     diffs = settings_diff(_located(saved), _located(now)) if isinstance(saved, dict) else [("(whole file)", saved, None)]
     if diffs:
-        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diffs[:6]) + (" ..." if len(diffs) > 6 else "")
         raise ResumeError(
-            f"{folder} holds an evaluation with other settings ({listed}; per {path}): evaluate into "
+            f"{folder} holds an evaluation with other settings ({describe_diff(diffs)}; per {path}): evaluate into "
             "another out_dir, or remove that folder"
         )
 

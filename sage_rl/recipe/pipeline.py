@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sage_rl.config import dump_config, read_yaml
+from sage_rl.config import dump_config
 from sage_rl.eval.resume import same_settings
 from sage_rl.eval.runner import scenarios_of
 from sage_rl.files import write_atomic
@@ -159,7 +159,8 @@ def evaluate(ev: EvalRunConfig) -> dict[str, Any]:
     if saved.is_file():
         same_settings(folder, ev)
         done = read_summary(saved)
-        missing = [s for s in listed_scenarios(ev) or () if s not in {o[1] for o in done["outcomes"]}]
+        have = {row[1] for row in done["outcomes"]}
+        missing = [s for s in listed_scenarios(ev) or () if s not in have]
         if not missing:
             return done
         err.print(f"{folder}: {len(missing)} scenarios of {ev.split} were added since it was evaluated; running them")
@@ -318,9 +319,8 @@ def train_once(cfg: TrainConfig) -> dict:
     ``SettingsChanged``, a ``CheckpointError``); a finished one its length too (``steps``,
     ``sampled_token_budget``), or arms compared at one budget would not be (``RecipeError``)."""
     out = Path(cfg.out_dir)
-    check_same_run(out / "config.yaml", cfg)
-    if (out / "summary.json").is_file():
-        saved = read_yaml(out / "config.yaml")  # read by check_same_run just now
+    saved = check_same_run(out / "config.yaml", cfg)
+    if saved is not None and (out / "summary.json").is_file():
         longer = [f"{k}: {saved[k]!r} -> {getattr(cfg, k)!r}" for k in ("steps", "sampled_token_budget")
                   if k in saved and saved[k] != getattr(cfg, k)]
         if longer:

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sage_rl.config import ConfigError, read_yaml, settings_diff
+from sage_rl.config import ConfigError, describe_diff, read_yaml, settings_diff
 from sage_rl.eval.resume import POLICY_OPERATIONAL, located
 from sage_rl.train.checkpoint import CheckpointError
 
@@ -61,11 +61,11 @@ def changed(saved: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, 
     return settings_diff(kept(saved), kept(now))
 
 
-def check_same_run(config_file: Path, cfg: BaseModel) -> None:
+def check_same_run(config_file: Path, cfg: BaseModel) -> dict[str, Any] | None:
     """Raise :class:`SettingsChanged` naming every setting of ``cfg`` that differs from the run's
-    ``config_file`` (and may not); nothing when the file does not exist (a new run)."""
+    ``config_file`` (and may not); else return the saved settings (None: no file, a new run)."""
     if not config_file.is_file():
-        return
+        return None
     try:
         saved = read_yaml(config_file)  # the guarded reader: alias bombs and deep nesting are refused by name
     except ConfigError as e:
@@ -75,9 +75,8 @@ def check_same_run(config_file: Path, cfg: BaseModel) -> None:
         ) from None
     diffs = changed(saved, cfg.model_dump(mode="json"))
     if diffs:
-        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diffs[:8])
-        more = f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else ""
         raise SettingsChanged(
-            f"{config_file.parent} was trained with other settings: {listed}{more}. Resume it with "
+            f"{config_file.parent} was trained with other settings: {describe_diff(diffs)}. Resume it with "
             "the settings of its config.yaml, or train into another out_dir; nothing was changed"
         )
+    return saved
