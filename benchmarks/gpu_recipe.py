@@ -4,7 +4,7 @@
         [--out runs/gpu_recipe] [--results docs/results/gpu] [key=value ...]
     PYTHONPATH=$PWD python benchmarks/gpu_recipe.py --quick --deadline-s 60 --out /tmp/g --results /tmp/g
 
-The stages are ``benchmarks/laptop_recipe.py``'s (base -> the two SFT models -> SAGE and the GRPO
+The stages are ``benchmarks/laptop_recipe.py``'s (the two SFT models and base -> SAGE and the GRPO
 controls, same evaluations, same table, same plot) with ``configs/gpu_recipe.yaml``'s bigger G, B
 and batches. What this script adds is the RL budget: after the SFT models' evaluations it gives the
 three RL arms the same ``sampled_token_budget``, the largest that :func:`rl_budget` expects to fit in

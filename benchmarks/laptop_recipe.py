@@ -15,15 +15,17 @@ library as SAGE, K = 1, outcome reward); ``sage`` (from ``sft``, K = 2, skill-in
 ``sage_nolib`` (the SAGE model without its library: the skill value).
 
 Stages, each skipped when its output exists in ``--out`` (a stopped run resumes; run folders are
-kept): evaluate base; collect (library) -> SFT -> evaluate sft, sft_nolib; collect (library-free:
-the same scenarios, then more until it has as many examples; SFT takes the first that many) -> SFT
--> evaluate sft_inline; then for each of sage, grpo_lib, grpo_nolib: RL (each to the same
-``sampled_token_budget``: it stops after the step at which its generated rollout tokens, screens
-included, reach it), then evaluate it (sage also as sage_nolib), so SAGE's figures come first.
-``--until sft`` stops before RL. ``--until sage`` runs only what SAGE - SFT and the skill value
-need (the library expert, its SFT model, then sft, sft_nolib, SAGE, sage_nolib), so the headline
-comes hours sooner (no base or library-free stages); the same folder run again without it does the
-rest. ``--sft-from RUN``
+kept), in the order of what each tells per hour: collect (library) -> SFT -> evaluate sft,
+sft_nolib; RL sage (each RL arm to the same ``sampled_token_budget``: it stops after the step at
+which its generated rollout tokens, screens included, reach it), then evaluate it (also as
+sage_nolib), so SAGE - SFT comes first; RL grpo_lib and its evaluation (SAGE's two additions
+ablated, the same start); collect (library-free: the same scenarios, then more until it has as
+many examples; SFT takes the first that many) -> SFT -> evaluate sft_inline; RL grpo_nolib and its
+evaluation; evaluate base last (a reference row near TGC 0 that nothing waits on). ``--until sft``
+runs the stages before RL only (base included). ``--until sage`` runs only what SAGE - SFT and the
+skill value need (the library expert, its SFT model, then sft, sft_nolib, SAGE, sage_nolib), and
+reads back any other stage already done; the same folder run again without it does the rest.
+``--sft-from RUN``
 links the finished stages before RL of another run folder (``recipe/share.py``): a second RL
 setting (``sampling.temperature=1.0``, say; the config's is 0.5) from the very same SFT models.
 
@@ -172,26 +174,20 @@ def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False)
             found.setdefault(m, {})[k] = result | {"per_task": per_task(Path(ev.out_dir))}
         return found
 
-    def wanted(model: str, *more: Path) -> bool:
-        """--until sage: only what SAGE - SFT and the skill value need, or what is done already (a
-        shared or earlier stage, read back); the rest waits for a run without it."""
-        done = [lay.eval(model, split) / "outcomes.json" for split in SPLITS.values()] + list(more)
-        return until != "sage" or all(p.is_file() for p in done)
+    results: dict[str, Any] = {}
+    sft_done: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    rl: dict[str, Any] = {}
 
-    base = {"base": (cfg, cfg.policy.model)}
-    results = timed("eval base", lambda: evals(base)) if wanted("base") else {}
-    sft_done = {
-        "sft": (
+    def library_sft() -> None:  # the library expert, its SFT model, evaluated with and without its library
+        sft_done["sft"] = (
             timed("collect", lambda: run_once(lay.expert / "summary.json", run_collect, collect_lib)),
             timed("sft", lambda: run_once(lay.sft / "result.json", run_sft, sft_lib)),
         )
-    }
-    results |= timed(
-        "eval sft",
-        lambda: evals({"sft": (cfg, str(lay.sft / "final")), "sft_nolib": (plain, str(lay.sft / "final"))}),
-    )
-    n = sft_done["sft"][0]["examples"]  # the same number of examples: more scenarios, cut to n
-    if wanted("sft_inline", out / "sft_inline" / "result.json"):
+        models = {"sft": (cfg, str(lay.sft / "final")), "sft_nolib": (plain, str(lay.sft / "final"))}
+        results.update(timed("eval sft", lambda: evals(models)))
+
+    def inline_sft() -> None:  # as many examples of the library-free expert: more scenarios, cut to n
+        n = sft_done["sft"][0]["examples"]
         inline = timed("collect inline", lambda: collect_at_least(collect_inline, n))
         data = out / "expert_inline" / f"{collect_inline.name}.jsonl"
         sft_inline = sft_config(plain, r, data, out / "sft_inline", limit=n)
@@ -199,21 +195,39 @@ def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False)
             inline,
             timed("sft inline", lambda: run_once(out / "sft_inline" / "result.json", run_sft, sft_inline)),
         )
-        results |= timed(
-            "eval sft_inline", lambda: evals({"sft_inline": (plain, str(out / "sft_inline" / "final"))})
-        )
-    sft = {m: {"collect": c, "sft": s} for m, (c, s) in sft_done.items()}
-    if until == "sft":
-        return {"results": results, "sft": sft, "rl": {}, "times": times, "cfg": cfg}
-    rl = {}
-    for name, c in rl_cfgs.items():  # each arm evaluated as soon as it is trained: SAGE's figures first
-        rl[name] = timed(name, lambda c=c: train_once(c))
+        model = {"sft_inline": (plain, str(out / "sft_inline" / "final"))}
+        results.update(timed("eval sft_inline", lambda: evals(model)))
+
+    def arm(name: str) -> None:  # an RL arm, evaluated as soon as it is trained
+        c = rl_cfgs[name]
+        rl[name] = timed(name, lambda: train_once(c))
         trained = {name: (c, final_model(Path(c.out_dir)))}
         if name == "sage":  # the skill value: the same weights without their library
             trained["sage_nolib"] = (without_library(c), trained["sage"][1])
-        results |= timed(f"eval {name}", lambda t=trained: evals(t))
-        if until == name:  # --until sage: the headline figures only
-            break
+        results.update(timed(f"eval {name}", lambda: evals(trained)))
+
+    def base() -> None:  # a reference row (TGC ~0): last, as nothing else waits on it
+        results.update(timed("eval base", lambda: evals({"base": (cfg, cfg.policy.model)})))
+
+    def done(model: str, *more: Path) -> bool:  # its evaluations (and ``more``) are on disk already
+        found = [lay.eval(model, split) / "outcomes.json" for split in SPLITS.values()]
+        return all(p.is_file() for p in [*found, *more])
+
+    # The order is by what each stage tells per hour: SAGE - SFT first, then the ablation of SAGE's
+    # two additions (grpo_lib, same start), then the paper's baseline with its own SFT model, base last.
+    plan = [
+        ("sft", library_sft, True),
+        ("sage", lambda: arm("sage"), False),
+        ("grpo_lib", lambda: arm("grpo_lib"), False),
+        ("inline", inline_sft, done("sft_inline", out / "sft_inline" / "result.json")),
+        ("grpo_nolib", lambda: arm("grpo_nolib"), False),
+        ("base", base, done("base")),
+    ]
+    needed = {"sft": {"sft", "inline", "base"}, "sage": {"sft", "sage"}}.get(until, {p[0] for p in plan})
+    for key, stage, finished in plan:
+        if key in needed or finished:  # a stage not asked for but done already (shared, earlier) is read back
+            stage()
+    sft = {m: {"collect": c, "sft": s} for m, (c, s) in sft_done.items()}
     return {"results": results, "sft": sft, "rl": rl, "times": times, "cfg": cfg}
 
 

@@ -39,23 +39,30 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
     assert part["heldout_tgc_sft_minus_sft_inline_ci"] is not None  # the two RL starts' gap
     assert "heldout_tgc_sage" not in part and part["sampled_tokens_sage"] is None
     assert not (out / "sage").exists() and not (out / "grpo_nolib").exists()
+    made = [(out / p).stat().st_mtime_ns for p in ("eval/sft_nolib_dev/outcomes.json",
+            "expert_inline/summary.json", "eval/sft_inline_dev/outcomes.json", "eval/base_dev/outcomes.json")]  # fmt: skip
+    assert made == sorted(made)  # the base model's reference row last
     state = {s["name"]: s["state"] for s in bench.main(["--status", "--out", str(out)])["status"]}
-    assert list(state)[:12] == [
-        *(f"eval base {s}" for s in ("train_heldout", "dev")), "collect", "sft",
-        *(f"eval {m} {s}" for m in ("sft", "sft_nolib") for s in ("train_heldout", "dev")),
+    before_rl = [
+        "collect", "sft", *(f"eval {m} {s}" for m in ("sft", "sft_nolib") for s in ("train_heldout", "dev")),
         "collect inline", "sft inline", "eval sft_inline train_heldout", "eval sft_inline dev",
+        "eval base train_heldout", "eval base dev",
     ]  # fmt: skip
-    assert {k for k, v in state.items() if v == "done"} == set(list(state)[:12])
-    assert {k for k, v in state.items() if v == "pending"} == set(list(state)[12:])  # the RL arms and theirs
-    assert list(state)[12:] == [  # each arm evaluated as soon as it is trained: SAGE's figures first
+    assert {k for k, v in state.items() if v == "done"} == set(before_rl)  # --until sft: no RL arm
+    assert list(state) == [  # in the order they run: what each tells per hour, base last
+        *before_rl[:6],
         "rl sage", *(f"eval {m} {s}" for m in ("sage", "sage_nolib") for s in ("train_heldout", "dev")),
         "rl grpo_lib", "eval grpo_lib train_heldout", "eval grpo_lib dev",
+        *before_rl[6:10],
         "rl grpo_nolib", "eval grpo_nolib train_heldout", "eval grpo_nolib dev",
+        *before_rl[10:],
     ]  # fmt: skip
     row = bench.main(["--quick", "--out", str(out)])
     assert {s["state"] for s in bench.main(["--status", "--out", str(out)])["status"]} == {"done"}
-    written = {p: (out / p).stat().st_mtime_ns for p in ("eval/sage_nolib_dev/outcomes.json", "grpo_lib/config.yaml")}
-    assert written["eval/sage_nolib_dev/outcomes.json"] < written["grpo_lib/config.yaml"]  # as listed
+    order = ("eval/sage_nolib_dev/outcomes.json", "grpo_lib/config.yaml", "eval/grpo_lib_dev/outcomes.json",
+             "grpo_nolib/config.yaml")  # fmt: skip
+    written = [(out / p).stat().st_mtime_ns for p in order]
+    assert written == sorted(written)  # as listed: SAGE's figures, then grpo_lib's, then grpo_nolib's
     assert json.loads((out / "laptop_recipe.json").read_text()) == json.loads(json.dumps(row))
     assert row["models"] == list(MODELS)
 
@@ -160,7 +167,9 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
     assert sage_cfg["sampling"]["temperature"] == 0.7 and sage_cfg["init_from"] == str(other / "sft" / "final")
     assert not (other / "grpo_lib").exists() and not (other / "grpo_nolib").exists()
     state = {s["name"]: s["state"] for s in bench.main(["--status", "--out", str(other)])["status"]}
-    assert [k for k, v in state.items() if v == "pending"] == list(state)[17:]  # the GRPO arms'
+    pending = [k for k, v in state.items() if v == "pending"]  # the GRPO arms' (the linked stages done)
+    assert pending == ["rl grpo_lib", "eval grpo_lib train_heldout", "eval grpo_lib dev",
+                       "rl grpo_nolib", "eval grpo_nolib train_heldout", "eval grpo_nolib dev"]  # fmt: skip
 
 
 def test_sft_from_refuses_an_unfinished_run_and_a_folder_in_the_way(tmp_path, monkeypatch, capsys):

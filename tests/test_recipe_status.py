@@ -84,3 +84,30 @@ def test_damaged_files_are_read_as_what_they_hold(tmp_path):
     (out / "sft" / "result.json").write_text('{"steps": 3, "dtype": "[/bold] [red"}')  # not rich markup
     shown = show(out)
     assert {s.name: s.detail for s in shown}["sft"] == "steps 3, held-out loss ? -> ?, [/bold] [red"
+
+
+def test_an_evaluation_of_a_split_that_grew_since_reads_partial(tmp_path):
+    """An evaluation finished before ``train_heldout`` gained seeds is not "done": the recipe runs
+    its new scenarios on resume (``pipeline.evaluate``), and the status says how many it holds."""
+    from sage_rl.config import dump_config
+    from sage_rl.recipe.pipeline import eval_config, listed_scenarios
+    from sage_rl.settings import TrainConfig
+
+    out = tmp_path / "run"
+    folder = out / "eval" / "sft_train_heldout"
+    ev = eval_config(TrainConfig(), "m", "train_heldout", None, 1, folder)
+    listed = listed_scenarios(ev)
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(dump_config(ev))
+    rows = [[f"{s}-t{i}", s, 1] for s in listed[:2] for i in range(3)]  # two scenarios of 210, three tasks each
+    (folder / "outcomes.json").write_text(json.dumps({"metrics": {"tgc": 100.0, "sgc": 100.0, "tasks": 6},
+                                                      "outcomes": rows}))  # fmt: skip
+    got = {s.name: (s.state, s.detail) for s in stages(out)}
+    assert len(listed) == 210
+    assert got["eval sft train_heldout"] == (
+        "partial", "TGC 100.0%, SGC 100.0%, 6 tasks; 2 of 210 scenarios, the rest run on resume")
+    (folder / "outcomes.json").write_text(json.dumps({"metrics": {"tgc": 100.0, "sgc": 100.0, "tasks": 630},
+                                                      "outcomes": [[f"{s}-t", s, 1] for s in listed]}))  # fmt: skip
+    assert {s.name: s.state for s in stages(out)}["eval sft train_heldout"] == "done"
+    (folder / "config.yaml").write_text("split: [unreadable")  # a status never fails on what it only reports
+    assert {s.name: s.state for s in stages(out)}["eval sft train_heldout"] == "done"

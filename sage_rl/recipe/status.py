@@ -16,8 +16,7 @@ from typing import Any
 
 import yaml
 
-from sage_rl.recipe.controls import RL_START
-from sage_rl.recipe.pipeline import RecipeError, read_summary
+from sage_rl.recipe.pipeline import RecipeError, listed_scenarios, read_summary
 from sage_rl.view.read import read_jsonl
 
 #: The evaluations, in the order the experiment runs them (benchmarks/laptop_recipe.py).
@@ -27,7 +26,7 @@ SPLITS = ("train_heldout", "dev")
 @dataclass(frozen=True)
 class Stage:
     name: str
-    state: str  # "done", "running" or "pending"
+    state: str  # "done", "partial" (an evaluation of a split that grew since), "running" or "pending"
     detail: str = ""
 
 
@@ -72,11 +71,33 @@ def evaluation(folder: Path, name: str) -> Stage:
     done = _json(folder / "outcomes.json")
     if done is not None:
         m = {k: _get(done, "metrics", k) for k in ("tgc", "sgc", "tasks")}
-        return Stage(name, "done", f"TGC {_pct(m['tgc'], 1)}, SGC {_pct(m['sgc'], 1)}, {m['tasks']} tasks")
+        figures = f"TGC {_pct(m['tgc'], 1)}, SGC {_pct(m['sgc'], 1)}, {m['tasks']} tasks"
+        have, listed = _coverage(folder, done)
+        if have < listed:  # the split grew since (``pipeline.evaluate`` runs the new scenarios only)
+            return Stage(name, "partial", f"{figures}; {have} of {listed} scenarios, the rest run on resume")
+        return Stage(name, "done", figures)
     chains = sum(len(jsonl_rows(p)) for p in folder.glob("trajectories*.jsonl"))
     return (
         Stage(name, "running", f"{chains} scenarios finished") if folder.is_dir() else Stage(name, "pending")
     )
+
+
+def _coverage(folder: Path, done: dict[str, Any]) -> tuple[int, int]:
+    """(scenarios evaluated, scenarios the split lists now) of a finished evaluation; both the
+    evaluated count where the split cannot be listed (not PocketWorld) or the folder's config
+    cannot be read."""
+    from sage_rl.config import load_config
+    from sage_rl.settings import EvalRunConfig
+
+    outcomes = done.get("outcomes")
+    have = {row[1] for row in outcomes if isinstance(row, list) and len(row) == 3} if isinstance(outcomes, list) else set()
+    try:
+        listed = listed_scenarios(load_config(EvalRunConfig, folder / "config.yaml"))
+    except Exception:  # a status never fails on a file it only reports  # noqa: BLE001
+        listed = None
+    if listed is None:
+        return len(have), len(have)
+    return len(have & set(listed)), len(listed)
 
 
 def collection(folder: Path, name: str) -> Stage:
@@ -152,15 +173,20 @@ def stages(out: Path) -> list[Stage]:
     def evals(*models: str) -> list[Stage]:
         return [evaluation(out / "eval" / f"{m}_{s}", f"eval {m} {s}") for m in models for s in SPLITS]
 
+    def arm(name: str) -> list[Stage]:
+        return [rl(out / name, f"rl {name}"), *evals(*_evaluated(name))]
+
     return [
-        *evals("base"),
         collection(out / "expert", "collect"),
         sft(out / "sft", "sft"),
         *evals("sft", "sft_nolib"),
+        *arm("sage"),
+        *arm("grpo_lib"),
         collection(out / "expert_inline", "collect inline"),
         sft(out / "sft_inline", "sft inline"),
         *evals("sft_inline"),
-        *(s for arm in RL_START for s in (rl(out / arm, f"rl {arm}"), *evals(*_evaluated(arm)))),
+        *arm("grpo_nolib"),
+        *evals("base"),
     ]
 
 
@@ -179,7 +205,7 @@ def show(out: Path) -> list[Stage]:
     table = Table(title=f"{out}: {sum(s.state == 'done' for s in rows)} of {len(rows)} stages done")
     for column in ("stage", "state", "detail"):
         table.add_column(column)
-    colour = {"done": "green", "running": "yellow", "pending": "dim"}
+    colour = {"done": "green", "partial": "cyan", "running": "yellow", "pending": "dim"}
     for s in rows:
         table.add_row(s.name, f"[{colour[s.state]}]{s.state}[/]", escape(s.detail))  # file text, not markup
     Console(width=160).print(table)
