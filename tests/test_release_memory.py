@@ -1,4 +1,4 @@
-"""``recipe.pipeline.release_memory`` hands the heap's freed pages back to the OS (glibc's
+"""``sage_rl.memory.release_memory`` hands the heap's freed pages back to the OS (glibc's
 ``malloc_trim``): what the laptop experiment and the main job call between stages. Measured in a
 fresh process: a freed 300 MB stays resident (the heap's top is pinned), until it is released."""
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 CODE = """
-from sage_rl.recipe.pipeline import bound_heap, release_memory
+from sage_rl.memory import bound_heap, release_memory
 
 def rss_kb():
     return next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmRSS"))
@@ -29,3 +29,22 @@ def test_release_memory_returns_freed_heap_pages():
     out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True)
     before, after = map(int, out.stdout.split())
     assert before - after > 200_000, (before, after)  # kB: most of the freed 300 MB left
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_the_training_commands_bound_the_heap(command, monkeypatch, tmp_path):
+    """``sage-rl train CONFIG`` and ``sage-rl sft`` (not only the recipes) fix the mmap threshold
+    before anything loads: here, before a missing config is refused."""
+    import importlib
+
+    import typer
+    from typer.testing import CliRunner
+
+    mod = importlib.import_module(f"sage_rl.cli.{command}")
+    called = []
+    monkeypatch.setattr(mod, "bound_heap", lambda: called.append(1))
+    app = typer.Typer()
+    app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(mod.main)
+    result = CliRunner().invoke(app, [str(tmp_path / "missing.yaml")])
+    assert result.exit_code != 0 and "missing.yaml" in result.output
+    assert called == [1]

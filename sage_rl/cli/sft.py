@@ -6,6 +6,7 @@ import json
 
 import typer
 
+from sage_rl.memory import bound_heap
 from sage_rl.runs.console import err, fail, load_or_exit
 from sage_rl.runs.sft import run_sft
 from sage_rl.train.sft_config import SFTConfig
@@ -20,6 +21,7 @@ def main(
 
     Overrides follow the config, e.g. ``data.path=runs/expert/sage_expert.jsonl optim.epochs=1 lora.enabled=true``.
     """
+    bound_heap()  # SFT's freed activations leave the process (sage_rl/memory.py)
     cfg = load_or_exit(SFTConfig, config, ctx.args, default="configs/sft.yaml")
     try:
         result = run_sft(cfg, show_progress=not as_json)

@@ -13,6 +13,7 @@ import typer
 
 from sage_rl.build import BuildError
 from sage_rl.cli import recipe as recipe_cmd
+from sage_rl.memory import bound_heap
 from sage_rl.runs.console import err, fail, load_or_exit
 from sage_rl.runs.train import NoStartModel, run_train
 from sage_rl.settings import TrainConfig
@@ -31,6 +32,7 @@ def main(
 ) -> None:
     """Train with sequential rollout + skill-integrated reward + GRPO (overrides: key.sub=value).
     Without arguments: the main job, `sage-rl recipe` on configs/quickstart.yaml."""
+    bound_heap()  # a night's training keeps its live memory, not its biggest step's (sage_rl/memory.py)
     main_job = config is None and not ctx.args
     cfg = load_or_exit(TrainConfig, config, ctx.args, default=DEFAULT)
     if main_job:

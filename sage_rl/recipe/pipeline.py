@@ -15,10 +15,7 @@ scenario-ordered. A stage whose output exists is skipped, so ``--resume`` contin
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import dataclasses
-import gc
 import json
 import math
 import time
@@ -30,6 +27,7 @@ from sage_rl.config import dump_config
 from sage_rl.eval.resume import same_settings
 from sage_rl.eval.runner import scenarios_of
 from sage_rl.files import write_atomic
+from sage_rl.memory import bound_heap, release_memory
 from sage_rl.recipe.report import write_report
 from sage_rl.runs.collect import run_collect
 from sage_rl.runs.console import err
@@ -219,28 +217,6 @@ def run(cfg: TrainConfig, resume: bool) -> dict[str, Any]:
     summary = write_report(lay.root, cfg, state)
     err.print(f"recipe done; report: {lay.root / 'report.md'}")
     return summary
-
-
-#: glibc's mmap threshold for the recipe's process: blocks this large or larger are mapped on their
-#: own and unmapped when freed. Left dynamic, glibc raises it to 32 MiB after the first frees, so a
-#: step's activations come from the heap and stay resident (docs/LOG.md, issue 32).
-MMAP_THRESHOLD = 1 << 20
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
-
-
-def bound_heap() -> None:
-    """Fix glibc's mmap threshold at ``MMAP_THRESHOLD`` (a no-op without glibc)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-
-
-def release_memory() -> None:
-    """Collect what the finished stage left and hand glibc's freed heap back to the OS
-    (``malloc_trim``), so that the process's resident memory between stages is what the next
-    stage holds, not the high-water mark of the ones before (docs/LOG.md, issue 32)."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def with_curriculum(cfg: TrainConfig) -> TrainConfig:
