@@ -113,9 +113,9 @@ def test_the_screen_in_force_after_a_resume():
     assert in_force([], 3, 4) is None
 
 
-def _train(tmp_path, policy, start: int, steps: int = 3):
+def _train(tmp_path, policy, start: int, steps: int = 3, concurrency: int = 2):
     rollout = RolloutConfig(
-        **(ROLLOUT.model_dump() | {"pool": "screened", "screen_every": 2, "screen_samples": 4})
+        **(ROLLOUT.model_dump() | {"pool": "screened", "screen_every": 2, "screen_samples": 4, "concurrency": concurrency})
     )
     cfg = LoopConfig(
         rollout=rollout, eval=TrainEvalConfig(before_after=False), steps=steps, out_dir=str(tmp_path)
@@ -149,6 +149,20 @@ def test_a_run_stopped_mid_step_resumes_with_its_screen_and_groups(tmp_path, mon
     )
     assert resumed.sampled_tokens == result.sampled_tokens  # every screen and group counted once
     assert not list((stopped / "rollouts").glob("*.partial.jsonl"))
+
+
+def test_a_resume_with_more_chains_in_flight_keeps_the_steps_groups(tmp_path, monkeypatch):
+    """``rollout.concurrency`` may change on a resume (``same_run.MAY_DIFFER``): how many chains are
+    in flight is not what they were sampled under, so the stopped step's journal is taken back."""
+    monkeypatch.setattr(loop_module, "save_checkpoint", lambda *a, **k: None)
+    with pytest.raises(Stopped):  # as above: step 2's groups 0 and 1 finish, group 2 stops
+        _train(tmp_path, StoppingPolicy(stop_at=16 + 8 + 5), 0)
+    again = StoppingPolicy()
+    _train(tmp_path, again, 1, concurrency=4)
+    assert again.n == 4 + 16 + 8  # step 2's last two groups only, then step 3
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["groups_reused"] for r in rows] == [0, 2, 0]
+    assert not list((tmp_path / "rollouts").glob("*.stale"))
 
 
 def test_a_run_stopped_after_its_screen_takes_it_back_and_pays_it_once(tmp_path, monkeypatch):

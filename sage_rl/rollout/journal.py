@@ -10,7 +10,8 @@ Each group is appended to ``rollouts/step_<n>.partial.jsonl`` (beside the step's
 the same task sequences (the step's seeded RNG), takes from the journal every group whose index,
 task sequence, start library and chain count match, and samples only the others. The journal is
 used only by the step it was written for, from the same weights and settings: its first line
-records a digest of the model's weights and the rollout settings, and a journal that disagrees is
+records a digest of the model's weights and the rollout settings (less ``concurrency``, which a resume
+may change), and a journal that disagrees is
 moved aside (``*.stale``), never reused; a resumed run removes the journals of other steps. When
 the step has ended (logged, and checkpointed when due), its journal is removed.
 

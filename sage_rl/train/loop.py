@@ -35,6 +35,7 @@ from sage_rl.train.checkpoint import save_checkpoint
 from sage_rl.train.config import LoopConfig, TrainEvalConfig
 from sage_rl.train.layout import RunFolder
 from sage_rl.train.logging import MetricsLogger, batch_metrics, read_metrics
+from sage_rl.train.same_run import MAY_DIFFER
 from sage_rl.train.trainer import Trainer
 from sage_rl.types import Chain, dumps
 
@@ -79,7 +80,9 @@ async def train(
     screened = cfg.rollout.pool is PoolKind.SCREENED
     pool = ScreenedPool(runner, cfg.rollout, seed, Path(cfg.out_dir), start) if screened else None
     drop_others(journal_path(out.rollout_file(start + 1)))  # other steps': sampled from other weights
-    settings = dumps({"seed": seed, "rollout": cfg.rollout.model_dump(mode="json"), "params": runner.params})
+    # what the groups were sampled under; not how many chains were in flight (a resume may change that)
+    rollout = {k: v for k, v in cfg.rollout.model_dump(mode="json").items() if k not in MAY_DIFFER["rollout"]}
+    settings = dumps({"seed": seed, "rollout": rollout, "params": runner.params})
     for step in range(start, cfg.steps):
         if cfg.sampled_token_budget is not None and sampled >= cfg.sampled_token_budget:
             break  # a resumed run that had already spent its budget
