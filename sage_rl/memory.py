@@ -3,8 +3,8 @@
 Long CPU runs (an RL trainer, the recipe's stages one after another) otherwise keep the high-water
 mark of their biggest step resident: left dynamic, glibc raises its mmap threshold to 32 MiB after
 the first frees, so a step's activations come from the heap and stay there (docs/LOG.md, issue
-32). Every ``sage-rl`` command calls :func:`bound_heap` at start (``cli/__init__.py``); the
-recipes call :func:`release_memory` between stages. Both are no-ops without glibc."""
+32). ``sage-rl train``, ``sage-rl sft`` and the recipes call :func:`bound_heap` first; the recipes
+call :func:`release_memory` between stages. Both are no-ops without glibc."""
 
 from __future__ import annotations
 

@@ -157,8 +157,7 @@ def evaluate(ev: EvalRunConfig) -> dict[str, Any]:
     if saved.is_file():
         same_settings(folder, ev)
         done = read_summary(saved)
-        have = {row[1] for row in done["outcomes"]}
-        missing = [s for s in listed_scenarios(ev) or () if s not in have]
+        missing = missing_scenarios(listed_scenarios(ev) or [], done["outcomes"])
         if not missing:
             return done
         err.print(f"{folder}: {len(missing)} scenarios of {ev.split} were added since it was evaluated; running them")
@@ -177,6 +176,15 @@ def listed_scenarios(ev: EvalRunConfig) -> list[str] | None:
 
     tasks = PocketWorldSuite(templates=ev.pocketworld.templates).split(ev.split)
     return [s[0].scenario_id for s in scenarios_of(tasks)[: ev.limit_scenarios]]
+
+
+def missing_scenarios(listed: list[str], outcomes: Any) -> list[str]:
+    """The scenarios of ``listed`` (``listed_scenarios``) that an evaluation's ``outcomes`` rows
+    (``[task_id, scenario_id, success]``) do not hold: what a resumed evaluation still runs. Rows of
+    another shape count for nothing."""
+    rows = outcomes if isinstance(outcomes, list) else []
+    have = {row[1] for row in rows if isinstance(row, list) and len(row) == 3}
+    return [s for s in listed if s not in have]
 
 
 def run(cfg: TrainConfig, resume: bool) -> dict[str, Any]:

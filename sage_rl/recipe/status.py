@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from sage_rl.recipe.pipeline import RecipeError, listed_scenarios, read_summary
+from sage_rl.recipe.pipeline import RecipeError, listed_scenarios, missing_scenarios, read_summary
 from sage_rl.view.read import read_jsonl
 
 #: The evaluations, in the order the experiment runs them (benchmarks/laptop_recipe.py).
@@ -83,21 +83,17 @@ def evaluation(folder: Path, name: str) -> Stage:
 
 
 def _coverage(folder: Path, done: dict[str, Any]) -> tuple[int, int]:
-    """(scenarios evaluated, scenarios the split lists now) of a finished evaluation; both the
-    evaluated count where the split cannot be listed (not PocketWorld) or the folder's config
-    cannot be read."""
+    """(scenarios evaluated, scenarios the split lists now) of a finished evaluation, by the rule the
+    recipe resumes by (``pipeline.missing_scenarios``); (0, 0) where the split cannot be listed (not
+    PocketWorld) or the folder's config cannot be read."""
     from sage_rl.config import load_config
     from sage_rl.settings import EvalRunConfig
 
-    outcomes = done.get("outcomes")
-    have = {row[1] for row in outcomes if isinstance(row, list) and len(row) == 3} if isinstance(outcomes, list) else set()
     try:
-        listed = listed_scenarios(load_config(EvalRunConfig, folder / "config.yaml"))
+        listed = listed_scenarios(load_config(EvalRunConfig, folder / "config.yaml")) or []
     except Exception:  # a status never fails on a file it only reports  # noqa: BLE001
-        listed = None
-    if listed is None:
-        return len(have), len(have)
-    return len(have & set(listed)), len(listed)
+        listed = []
+    return len(listed) - len(missing_scenarios(listed, done.get("outcomes"))), len(listed)
 
 
 def collection(folder: Path, name: str) -> Stage:
