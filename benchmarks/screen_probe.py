@@ -25,6 +25,7 @@ from typing import Any
 
 from sage_rl.build import build_policy, build_runner, open_suite
 from sage_rl.config import load_config
+from sage_rl.envs.pocketworld.env import check_scope
 from sage_rl.settings import TrainConfig
 from sage_rl.skills.library import Library
 
@@ -58,10 +59,12 @@ async def probe(
         one = suite.scoped([template])
         base = build_runner(cfg, build_policy(cfg), one)
         rng = random.Random(f"{seed}:probe:{template}")
-        heldout = [t for t in one.split("train_heldout") if t.spec["template"] == template]
+        heldout: dict[str, list] = defaultdict(list)  # the scoped split holds only this template's tasks
+        for t in one.split("train_heldout"):
+            heldout[t.scenario_id].append(t)
         chains = {
             "train": [one.sample_chain(rng, k, "train") for _ in range(scenarios)],
-            "train_heldout": [tuple(heldout[i : i + k]) for i in range(0, len(heldout), 3)][:scenarios],
+            "train_heldout": [tuple(ts[:k]) for ts in heldout.values()][:scenarios],
         }
         temperature = base.params.temperature
         for split in SPLITS:
@@ -108,8 +111,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if model is not None and not Path(model).is_dir():
         ap.error(f"model {model!r} is not a folder")
     cfg = load_config(TrainConfig, args.config, [*args.overrides, f"policy.model={model or 'null'}"])
-    if args.template not in train_templates():
-        ap.error(f"unknown train template {args.template!r}")
+    try:
+        check_scope([args.template])
+    except ValueError as e:
+        ap.error(str(e))
     rows = asyncio.run(probe(cfg, args.template, args.scenarios, args.samples))
     for r in rows:
         print(json.dumps(r))
@@ -119,12 +124,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return result
-
-
-def train_templates() -> set[str]:
-    from sage_rl.envs.pocketworld import tasks
-
-    return {t.name for t in tasks.templates("train")}
 
 
 if __name__ == "__main__":
