@@ -3,9 +3,18 @@ middle of its stages, torn lines and all (the finished run's table is checked in
 tests/test_laptop_recipe.py)."""
 
 import json
+import os
 from pathlib import Path
 
-from sage_rl.recipe.status import show, stages
+from sage_rl.recipe.status import STOPPED_AFTER, show, stages
+
+T = 1_800_000_000.0  # the epoch seconds every file of a test's run is dated to (``_written_at``)
+
+
+def _written_at(out: Path, when: float = T) -> None:
+    """Date ``out`` and everything in it to ``when`` (the status ages started stages by it)."""
+    for path in (out, *out.rglob("*")):
+        os.utime(path, (when, when))
 
 
 def _lines(path: Path, rows: list[dict], torn: str = "") -> None:
@@ -30,18 +39,20 @@ def test_a_run_in_the_middle_of_its_stages(tmp_path):
     ])  # fmt: skip
     (out / "sage" / "config.yaml").write_text("steps: 40\nsampled_token_budget: 400000\n")
     (out / "grpo_lib").mkdir()
-    got = {s.name: (s.state, s.detail) for s in stages(out)}
+    _written_at(out)
+    got = {s.name: (s.state, s.detail) for s in stages(out, now=T + 90)}
     assert got["eval base train_heldout"] == ("done", "TGC 25.0%, SGC 10.0%, 270 tasks")
     assert got["collect"] == ("done", "879 examples from 300 scenarios")
-    assert got["sft"] == ("running", "step 2, loss 1.339; held-out 1.720 at step 0")
-    assert got["eval sft train_heldout"] == ("running", "7 scenarios finished")
+    assert got["sft"] == ("running", "step 2, loss 1.339; held-out 1.720 at step 0; last written 1 min ago")
+    assert got["eval sft train_heldout"] == ("running", "7 scenarios finished; last written 1 min ago")
     assert got["eval sft dev"] == ("pending", "")
     assert got["collect inline"] == ("pending", "")
     assert got["rl sage"] == (
         "running",
-        "step 2: 118,500 / 400,000 sampled tokens, success 37.5%; held-out curve TGC 60.0% at step 2",
+        "step 2: 118,500 / 400,000 sampled tokens, success 37.5%; held-out curve TGC 60.0% at step 2"
+        "; last written 1 min ago",
     )
-    assert got["rl grpo_lib"] == ("running", "step 1 in progress")
+    assert got["rl grpo_lib"] == ("running", "step 1 in progress; last written 1 min ago")
     assert got["rl grpo_nolib"] == ("pending", "")
     assert [s.state for s in stages(tmp_path / "nothing")] == ["pending"] * 23
 
@@ -72,7 +83,8 @@ def test_damaged_files_are_read_as_what_they_hold(tmp_path):
     _lines(
         out / "grpo_lib" / "metrics.jsonl", [{"step": 1, "sampled_tokens_total": "many"}, ["not", "a", "row"]]
     )
-    got = {s.name: (s.state, s.detail) for s in stages(out)}
+    _written_at(out)
+    got = {s.name: (s.state, s.detail.removesuffix("; last written 0 min ago")) for s in stages(out, now=T)}
     assert got["eval base dev"] == ("running", "0 scenarios finished")
     assert got["eval base train_heldout"] == ("running", "0 scenarios finished")
     assert got["collect"] == ("done", "5 examples from None scenarios")
@@ -111,3 +123,33 @@ def test_an_evaluation_of_a_split_that_grew_since_reads_partial(tmp_path):
     assert {s.name: s.state for s in stages(out)}["eval sft train_heldout"] == "done"
     (folder / "config.yaml").write_text("split: [unreadable")  # a status never fails on what it only reports
     assert {s.name: s.state for s in stages(out)}["eval sft train_heldout"] == "done"
+
+
+def test_a_started_stage_nothing_wrote_to_for_an_hour_reads_stopped(tmp_path):
+    """The files cannot say whether a process still runs a stage; a started stage whose folder was
+    last written an hour ago or more reads "stopped" (a run ended with its session), with the age
+    of that write, and one written since reads "running" again. Finished stages never age."""
+    out = tmp_path / "run"
+    _lines(out / "eval" / "sft_train_heldout" / "trajectories.same_scenario.jsonl", [{}] * 100)
+    _lines(out / "eval" / "sft_nolib_train_heldout" / "trajectories.same_scenario.jsonl", [{}] * 46)
+    (out / "expert").mkdir()
+    (out / "expert" / "summary.json").write_text(json.dumps({"examples": 879, "scenarios": {"run": 300}}))
+    _written_at(out)
+    _written_at(out / "eval" / "sft_nolib_train_heldout", T + 95 * 60)
+
+    def read(now: float) -> dict[str, tuple[str, str]]:
+        return {s.name: (s.state, s.detail) for s in stages(out, now=now)}
+
+    got = read(T + 2 * 3600 + 5 * 60)
+    assert got["eval sft train_heldout"] == ("stopped", "100 scenarios finished; last written 2 h 5 min ago")
+    assert got["eval sft_nolib train_heldout"] == (
+        "running",
+        "46 scenarios finished; last written 30 min ago",
+    )
+    assert got["collect"] == ("done", "879 examples from 300 scenarios")
+    assert read(T + STOPPED_AFTER - 1)["eval sft train_heldout"][0] == "running"
+    assert read(T + STOPPED_AFTER)["eval sft train_heldout"][0] == "stopped"
+    _lines(out / "eval" / "sft_train_heldout" / "trajectories.jsonl", [{}])  # the run resumed: a new scenario
+    _written_at(out / "eval" / "sft_train_heldout" / "trajectories.jsonl", T + 3 * 3600)
+    resumed = read(T + 3 * 3600 + 30)["eval sft train_heldout"]
+    assert resumed == ("running", "101 scenarios finished; last written 0 min ago")

@@ -1,4 +1,4 @@
-"""Where a recipe run stands, read off its folder: each stage done, running or not started.
+"""Where a recipe run stands, read off its folder: each stage done, running, stopped or not started.
 
 The laptop experiment runs for many hours and resumes by stage (``benchmarks/laptop_recipe.py``);
 ``--status`` prints this table instead of running anything. Every figure comes from the files the
@@ -6,11 +6,18 @@ stages write (``summary.json``, ``result.json``, ``outcomes.json`` when done; ``
 the evaluations' trajectories and the collection's ledger while they run), so it can be asked of
 a run in progress, from another process, at any time. A line cut short by a running writer is
 skipped, never an error.
+
+Whether a started stage's process is still alive cannot be read off files (the run may have been
+stopped with its session, or be running on another machine): a started, unfinished stage reads
+"running" while its folder was written to within :data:`STOPPED_AFTER`, else "stopped", and says
+when it was last written. Every phase of a stage writes well inside that time (an evaluation at each
+scenario, SFT at each step, an RL step at each group it finishes).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +28,14 @@ from sage_rl.view.read import read_jsonl
 
 #: The evaluations, in the order the experiment runs them (benchmarks/laptop_recipe.py).
 SPLITS = ("train_heldout", "dev")
+#: Seconds without a write after which a started, unfinished stage reads "stopped".
+STOPPED_AFTER = 60 * 60
 
 
 @dataclass(frozen=True)
 class Stage:
     name: str
-    state: str  # "done", "partial" (an evaluation of a split that grew since), "running" or "pending"
+    state: str  # "done", "partial" (a split that grew since), "running", "stopped" or "pending"
     detail: str = ""
 
 
@@ -163,23 +172,61 @@ def _budget(config: Path) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def stages(out: Path) -> list[Stage]:
-    """Every stage of the laptop experiment in ``out``, in the order it runs them."""
+def last_written(folder: Path) -> float | None:
+    """The newest modification time (epoch seconds) of ``folder`` and everything below it (a
+    folder's own time moves when a file is made or renamed in it); None when it cannot be read. A
+    file removed while the folder is read (a writer's rename) is skipped."""
+    newest = None
+    for path in (folder, *folder.rglob("*")):
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            continue
+        newest = mtime if newest is None else max(newest, mtime)
+    return newest
+
+
+def _ago(seconds: float) -> str:
+    minutes = max(0, int(seconds // 60))
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+
+
+def aged(stage: Stage, folder: Path, now: float) -> Stage:
+    """A started, unfinished stage as "running" or "stopped" by its folder's last write (module
+    docstring), with that write's age in its detail; other stages as they are."""
+    if stage.state != "running":
+        return stage
+    newest = last_written(folder)
+    if newest is None:
+        return stage
+    age = now - newest
+    state = "running" if age < STOPPED_AFTER else "stopped"
+    return replace(stage, state=state, detail=f"{stage.detail}; last written {_ago(age)} ago")
+
+
+def stages(out: Path, now: float | None = None) -> list[Stage]:
+    """Every stage of the laptop experiment in ``out``, in the order it runs them; ``now`` (epoch
+    seconds, default the clock) decides which started stages read "stopped"."""
+    now = time.time() if now is None else now
 
     def evals(*models: str) -> list[Stage]:
-        return [evaluation(out / "eval" / f"{m}_{s}", f"eval {m} {s}") for m in models for s in SPLITS]
+        folders = {f"eval {m} {s}": out / "eval" / f"{m}_{s}" for m in models for s in SPLITS}
+        return [aged(evaluation(folder, name), folder, now) for name, folder in folders.items()]
 
     def arm(name: str) -> list[Stage]:
-        return [rl(out / name, f"rl {name}"), *evals(*_evaluated(name))]
+        return [aged(rl(out / name, f"rl {name}"), out / name, now), *evals(*_evaluated(name))]
+
+    def step(kind: Any, folder: str, name: str) -> Stage:
+        return aged(kind(out / folder, name), out / folder, now)
 
     return [
-        collection(out / "expert", "collect"),
-        sft(out / "sft", "sft"),
+        step(collection, "expert", "collect"),
+        step(sft, "sft", "sft"),
         *evals("sft", "sft_nolib"),
         *arm("sage"),
         *arm("grpo_lib"),
-        collection(out / "expert_inline", "collect inline"),
-        sft(out / "sft_inline", "sft inline"),
+        step(collection, "expert_inline", "collect inline"),
+        step(sft, "sft_inline", "sft inline"),
         *evals("sft_inline"),
         *arm("grpo_nolib"),
         *evals("base"),
@@ -201,7 +248,7 @@ def show(out: Path) -> list[Stage]:
     table = Table(title=f"{out}: {sum(s.state == 'done' for s in rows)} of {len(rows)} stages done")
     for column in ("stage", "state", "detail"):
         table.add_column(column)
-    colour = {"done": "green", "partial": "cyan", "running": "yellow", "pending": "dim"}
+    colour = {"done": "green", "partial": "cyan", "running": "yellow", "stopped": "red", "pending": "dim"}
     for s in rows:
         table.add_row(s.name, f"[{colour[s.state]}]{s.state}[/]", escape(s.detail))  # file text, not markup
     Console(width=160).print(table)
