@@ -311,9 +311,10 @@ def test_a_sage_chain_runs_unchanged_on_appworld(suite: AppWorldSuite) -> None:
     from sage_rl.skills.library import Library
     from sage_rl.skills.retrieval import RetrievalConfig, make_retriever
 
-    skill = (
+    skill = (  # a skill that only submitted would not be credited (usage.refers_to_work)
         "def answer_with(value: int) -> None:\n"
         '    """Complete the active task, answering value."""\n'
+        "    print(apis.supervisor.show_active_task()['instruction'][:10])\n"
         "    apis.supervisor.complete_task(answer=value)\n"
     )
     policy = _ScriptedReplies({"aaa_1": [skill + "\nanswer_with(42)"], "aaa_2": ["answer_with(43)"]})

@@ -12,6 +12,7 @@ from sage_rl.policies.base import Completion, PolicyRequest, SamplingParams
 from sage_rl.rollout.batch import RolloutConfig, check_group_contract, rollout_batch, to_samples
 from sage_rl.rollout.chain import ChainRunner, SkillsConfig
 from sage_rl.rollout.episode import AgentConfig, EpisodeSpec, run_episode, turn_room
+from sage_rl.rollout.rewards import ChainOutcomes, RewardKind, compute_rewards
 from sage_rl.skills.library import Library
 from sage_rl.skills.record import Provenance, make_skill
 from sage_rl.skills.retrieval import RetrievalConfig, make_retriever
@@ -308,6 +309,33 @@ def test_chain_carries_the_library_and_records_used_from():
     assert t1.skills_saved == ("f",) and t1.library_in == ()
     assert t2.library_in == ("f",) and t2.skills_used == ("f",)
     assert chain.used_from == ((), (0,))
+
+
+class PastingPolicy:
+    """Task 1 defines and calls f; task 2 pastes the same f and calls its copy; task 3 calls f."""
+
+    renderer = None
+    name = "paste"
+
+    async def generate(self, request):
+        if request.task_id.endswith("_3"):
+            return Completion("```python\nf()\ncomplete()\n```", completion_tokens=5)
+        return Completion("```python\ndef f():\n    return 1\nf()\ncomplete()\n```", completion_tokens=5)
+
+
+def test_a_pasted_copy_of_a_skill_does_not_take_the_credit_for_making_it():
+    """K = 3 (the reward audit of session 26): task 2 saving task 1's code again made nothing, so
+    task 3's use of f is task 1's; it was credited to task 2, which then collected a bonus (1, 2, 2)
+    for a paste and task 1 lost its own."""
+    suite = DefiningSuite()
+    tasks = tuple(Task(f"s0_{k}", "s0", k, f"task {k}", "dev") for k in (1, 2, 3))
+    chain = asyncio.run(_runner(PastingPolicy(), suite).run(tasks, Library()))
+    t1, t2, t3 = chain.trajectories
+    assert t1.skills_saved == t2.skills_saved == ("f",)  # the same code: the library keeps task 1's
+    assert t2.skills_used == () and t3.skills_used == ("f",)  # task 2 called its own copy
+    assert chain.used_from == ((), (), (0,))
+    outcomes = ChainOutcomes.from_chain(chain)
+    assert compute_rewards(RewardKind.SKILL_INTEGRATED, outcomes, None) == (2.0, 1.0, 2.0)
 
 
 def test_group_contract_and_samples_grouped_by_position():

@@ -42,7 +42,8 @@ def test_evaluate_scores_task_checks_and_counts_collateral_only_once_they_pass()
     assert (o.score, o.success) == (1.0, True)
     collateral = {"a": {"t": {1: {"v": 9}, 2: {"v": 3}}}}
     o = evaluate(expect, before, collateral, 5)
-    assert (o.score, o.success) == (2 / 3, False)
+    # the requirement holds, but beside a change the task does not allow: only the answer counts
+    assert [c.passed for c in o.checks] == [True, True, False] and (o.score, o.success) == (1 / 3, False)
     assert "a.t[2] changed" in o.checks[-1].detail
     # half the task done, nothing collateral: the untouched rows earn nothing until the task is done
     o = evaluate(expect, before, good, 4)
@@ -53,6 +54,27 @@ def test_evaluate_scores_task_checks_and_counts_collateral_only_once_they_pass()
     answer_only = Expect(answer=5)
     assert evaluate(answer_only, before, before, None).score == 0.0  # was 0.5
     assert evaluate(answer_only, before, collateral, 5).score == 0.5  # right answer, a stray change
+
+
+def test_acting_on_every_item_earns_nothing_for_the_requirement_it_meets():
+    """A blanket action ("set every row to 9") meets "the targets are 9" as the careful one does;
+    with its collateral changes it scores 0, below a careful attempt that did one of two targets,
+    not 1/2 above it (it did before the requirements were gated on the guard)."""
+    def rows(*values: int) -> dict:
+        return {"a": {"t": {k: {"id": k, "v": v} for k, v in enumerate(values, start=1)}}}
+
+    before, targets = rows(1, 2, 3), (1, 2)
+    expect = Expect(
+        requires=tuple(Require(f"row {k} is 9", lambda f, k=k: f["a"]["t"][k]["v"] == 9) for k in targets),
+        allow=(Allow("a", "t", lambda r: r["id"] in targets),),
+    )
+    o = evaluate(expect, before, rows(9, 9, 9), None)  # every row, the targets among them
+    assert [c.passed for c in o.checks] == [True, True, False] and (o.score, o.success) == (0.0, False)
+    assert "a.t[3] changed" in o.checks[-1].detail
+    o = evaluate(expect, before, rows(9, 2, 3), None)  # one target of two, nothing else
+    assert [c.passed for c in o.checks] == [True, False, True] and (o.score, o.success) == (1 / 3, False)
+    o = evaluate(expect, before, rows(9, 9, 3), None)
+    assert (o.score, o.success) == (1.0, True)
 
 
 def test_requirement_that_crashes_on_a_broken_state_fails_instead_of_raising():

@@ -1,4 +1,5 @@
-"""Shortcuts RL would find before the skill (issue 30, items 6-7): a no-op and a constant answer.
+"""Shortcuts RL would find before the skill (issue 30, items 6-7): a no-op, a constant answer, and
+acting on every item of an action task.
 
 Every template of every split is enumerated. The no-op is played through the environment (doing
 nothing; ``complete_task()`` without an answer) on every listed task of every split, and scored on
@@ -14,8 +15,8 @@ from pocket import SyncEnv
 
 from sage_rl.envs.pocketworld import tasks
 from sage_rl.envs.pocketworld.audit import MAX_GUESS_SHARE, MAX_NOOP_SCORE, audit_template, best_constant
-from sage_rl.envs.pocketworld.scenarios import TEMPLATES
-from sage_rl.envs.pocketworld.scenarios.base import TaskRandom, Unsuitable
+from sage_rl.envs.pocketworld.scenarios import BY_NAME, TEMPLATES
+from sage_rl.envs.pocketworld.scenarios.base import COMMON_SOURCE, TaskRandom, Unsuitable
 from sage_rl.envs.pocketworld.scenarios.helpers import spread
 from sage_rl.types import Task
 
@@ -69,3 +70,34 @@ def test_spread_draws_its_target_from_the_stratum_and_the_last_resort_takes_any_
     with pytest.raises(Unsuitable, match="answer 3"):
         spread(TaskRandom(0, 0.0), (3, 4), answer_of)
     assert spread(TaskRandom(0, None), (2, 5), answer_of) in ("b", "c")  # never d: outside the support
+
+
+#: Cells that act on every item of an app where the task asks for some of them (audit of session 26).
+BLANKET = {
+    "music_like_artist_songs": "t = login_to('music')\nfor s in fetch_all(apis.music.search_songs):\n"
+    "    if not apis.music.show_song(access_token=t, song_id=s['song_id'])['liked']:\n"
+    "        apis.music.like_song(access_token=t, song_id=s['song_id'])",
+    "email_delete_from_sender": "t = login_to('email')\nfor m in fetch_all(apis.email.show_emails, access_token=t):\n"
+    "    apis.email.delete_email(access_token=t, email_id=m['email_id'])",
+    "email_mark_read_from": "t = login_to('email')\nfor m in fetch_all(apis.email.show_emails, access_token=t):\n"
+    "    apis.email.mark_email(access_token=t, email_id=m['email_id'], read=True)",
+}
+
+
+@pytest.mark.parametrize("template", sorted(BLANKET))
+def test_acting_on_every_item_scores_nothing(template):
+    """Liking every song, deleting every email, marking every email read meets the task's
+    requirement along with everything else; it scored 0.5 (the requirement passed, only the gated
+    collateral check failed), above a careful attempt that missed one target (0). Now 0."""
+    env = SyncEnv()
+    task = tasks.scenario_tasks(BY_NAME[template], 1, 1)[0]
+    env.reset(task)
+    assert env.execute(tasks.reference_solution(task), "<cell-1>").ok
+    assert (env.evaluate().score, env.evaluate().success) == (1.0, True)
+    env.reset(task)
+    cell = f"{COMMON_SOURCE}\n{BLANKET[template]}\napis.supervisor.complete_task()"
+    assert env.execute(cell, "<cell-1>").ok
+    o = env.evaluate()
+    assert [c.name for c in o.checks if c.passed] == [c.name for c in o.checks[:-1]]  # every requirement met
+    assert not o.checks[-1].passed and "no collateral" in o.checks[-1].name
+    assert (o.score, o.success) == (0.0, False)

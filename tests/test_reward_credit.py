@@ -62,7 +62,7 @@ class Script:
         return Completion(f"```python\n{code}\n```", completion_tokens=5)
 
 
-def chain(second: str, credit: str | None = None):
+def chain(second: str, credit: str | None = None, first: str = DEFINE):
     """Run the two tasks (at most two turns each); return (chain, rewards without the no-code
     penalty)."""
     from sage_rl.build import build_runner, open_suite
@@ -77,7 +77,7 @@ def chain(second: str, credit: str | None = None):
 
     async def go():
         async with open_suite(cfg) as suite:
-            return await build_runner(cfg, Script(DEFINE, second), suite).run(TASKS, Library())
+            return await build_runner(cfg, Script(first, second), suite).run(TASKS, Library())
 
     c = asyncio.run(go())
     assert [t.outcome.success for t in c.trajectories] == [True, True], c.trajectories[1].turns[0].observation
@@ -144,6 +144,46 @@ def test_a_skill_handed_an_api_is_credited():
 def test_a_skill_called_through_a_task_helper_is_credited():
     c, r = chain("def helper():\n    return get_email().upper()\nprint(helper())" + COMPLETE)
     assert c.trajectories[1].skills_used == ("get_email",) and r == (2.0, 2.0)
+
+
+# -- the reward audit of session 26: skills that do no work, or take a builtin's name -------------
+
+#: Task 1 saves two skills that make API calls but no work: one submits the task, one reads the docs.
+IDLE = (
+    "def submit(answer):\n    return apis.supervisor.complete_task(answer=answer)\n"
+    "def docs(app):\n    return apis.api_docs.show_api_descriptions(app_name=app)\n"
+    "print(len(docs('music')))\nsubmit({answer})"
+)
+
+
+@pytest.mark.parametrize("second", ["submit({answer})", "print(len(docs('music')))" + COMPLETE])
+def test_a_skill_that_only_submits_or_reads_the_docs_earns_nothing_by_default(second):
+    """Every task submits, so a ``submit`` skill called in task 2 paid the bonus on every
+    successful task (2.0, 2.0); reading the documentation through a skill did too."""
+    c, r = chain(second, first=IDLE)
+    assert set(c.trajectories[0].skills_saved) == {"submit", "docs"}
+    assert c.trajectories[1].skills_used == () and c.used_from == ((), ()) and r == (1.0, 1.0)
+    c, r = chain(second, "paper", first=IDLE)  # the paper's rule: any call that returned
+    assert c.trajectories[1].skills_used != () and r == (2.0, 2.0)
+
+
+def test_a_skill_that_does_work_besides_submitting_is_credited():
+    first = (
+        "def finish(answer):\n    me = apis.supervisor.show_profile()['email']\n"
+        "    return apis.supervisor.complete_task(answer=answer)\nfinish({answer})"
+    )
+    c, r = chain("finish({answer})", first=first)
+    assert c.trajectories[1].skills_used == ("finish",) and r == (2.0, 2.0)
+
+
+def test_a_function_named_after_a_builtin_is_never_saved():
+    """A ``print`` that made an API call, saved and loaded into task 2, turned each ordinary
+    ``print(...)`` of task 2 into a credited use of a skill: (2.0, 2.0)."""
+    first = "def print(*a, p=print):\n    apis.supervisor.show_profile()\n    return p(*a)\n"
+    first += "print('hi')" + COMPLETE
+    c, r = chain("print('hello')" + COMPLETE, first=first)
+    assert c.trajectories[0].skills_saved == ()
+    assert c.trajectories[1].skills_used == () and r == (1.0, 1.0)
 
 
 # -- item 3: a call that raised is no use -----------------------------------------------------------

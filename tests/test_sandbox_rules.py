@@ -230,3 +230,34 @@ def test_in_process_executor_reports_the_same(tmp_path):
     recs = {rec.name: rec for rec in r.calls}
     assert (recs["f"].calls, recs["f"].with_api, recs["g"].calls, recs["g"].with_api) == (2, 2, 3, 1)
     assert r.api_ok == 3
+
+
+SUBMIT = "def submit():\n    return apis.supervisor.complete_task()\ndef both():\n    apis.bank.balance()\n    return submit()\n"
+
+
+def test_submitting_the_task_does_no_work_for_with_api(sandbox):
+    """``supervisor.complete_task`` (and ``api_docs``: tests/test_reward_credit.py) succeeds and
+    counts in ``api_ok``, but makes no call ``with_api`` (``tracking.does_work``): every task
+    submits, so a skill that only submits did nothing a task would not do without it. Both
+    executors."""
+    import asyncio
+
+    from sage_rl.envs.pocketworld.executor import InProcessExecutor
+
+    async def sandboxed():
+        session = await sandbox.acquire(FakeWorld().dispatch)
+        try:
+            await session.execute(SUBMIT, skill_origin("submit"))
+            return await session.execute("submit()\nboth()", "<cell-0>")
+        finally:
+            await session.close()
+
+    async def in_process():
+        ex = InProcessExecutor(FakeWorld().dispatch)
+        await ex.execute(SUBMIT, skill_origin("submit"))
+        return await ex.execute("submit()\nboth()", "<cell-0>")
+
+    for r in (asyncio.run(sandboxed()), asyncio.run(in_process())):
+        recs = {rec.name: (rec.calls, rec.errors, rec.with_api) for rec in r.calls}
+        assert recs == {"submit": (2, 0, 0), "both": (1, 0, 1)}, r.observation
+        assert r.api_ok == 3

@@ -57,11 +57,22 @@ def test_record_fields_and_json_round_trip():
         ({"name": "f", "source": "def f(): pass", "uses": -1}, "non-negative"),
         ({"name": "f", "source": "def f(): pass", "colour": 1}, "unknown fields"),
         ({"name": "f", "source": "def f(): pass", "provenance": {"when": 1}}, "bad provenance"),
+        ({"name": "print", "source": "def print(): pass"}, "'print' is reserved"),
+        ({"name": "apis", "source": "def apis(): pass"}, "'apis' is reserved"),
     ],
 )
 def test_bad_records_are_named(record, message):
     with pytest.raises(SkillError, match=message):
         Skill.from_dict(record)
+
+
+def test_no_skill_takes_a_builtins_name():
+    """Loaded into every later task, a skill ``len`` or ``print`` would replace the builtin the
+    task's own code calls (the reward audit of session 26)."""
+    for source in ("def len(x):\n    return 0", "def print(*a):\n    pass", "async def open():\n    pass"):
+        with pytest.raises(SkillError, match="reserved"):
+            make_skill(source)
+    assert make_skill("def length(x):\n    return 0").name == "length"
 
 
 def test_add_replace_keeps_history_and_bumps_version():

@@ -58,6 +58,24 @@ def test_without_records_api_credits_skills_that_refer_to_apis():
     assert used_skills(cells, LIB, SkillCredit.API) == {"fetch", "double"}
 
 
+def test_without_records_a_skill_that_only_submits_or_reads_the_docs_is_not_credited():
+    """The static stand-in for ``with_api`` (``usage.refers_to_work``): ``apis.api_docs`` and
+    ``apis.supervisor.complete_task`` are no work; any other use of ``apis`` is."""
+    lib = Library(
+        [
+            make_skill("def submit(a):\n    return apis.supervisor.complete_task(answer=a)"),
+            make_skill("def docs(app):\n    return apis.api_docs.show_api_descriptions(app_name=app)"),
+            make_skill("def finish(a):\n    apis.supervisor.show_profile()\n    return submit(a)"),
+            make_skill("def via(a):\n    return submit(a)"),
+            make_skill("def handle():\n    return apis.supervisor"),  # a handle to use elsewhere: work
+        ]
+    )
+    blind = ExecResult("", True, calls=None, defined=None)
+    cells = [("submit(1)\ndocs('x')\nfinish(1)\nvia(1)\nhandle()", blind)]
+    assert used_skills(cells, lib, SkillCredit.PAPER) == {"submit", "docs", "finish", "via", "handle"}
+    assert used_skills(cells, lib, SkillCredit.API) == {"finish", "handle"}
+
+
 def test_credit_is_a_validated_setting():
     assert RunConfig().skills.credit is SkillCredit.API
     assert load_config(RunConfig, None, ["skills.credit=paper"]).skills.credit is SkillCredit.PAPER

@@ -29,7 +29,7 @@ from sage_rl.envs.base import Environment, Suite
 from sage_rl.policies.base import Policy, SamplingParams
 from sage_rl.rollout.episode import AgentConfig, EpisodeSpec, run_episode
 from sage_rl.skills.extract import SavePolicy, extract_skills
-from sage_rl.skills.library import Library
+from sage_rl.skills.library import AddStatus, Library
 from sage_rl.skills.record import Provenance, Skill
 from sage_rl.skills.retrieval import RetrievalConfig, Retriever, TaskContext
 from sage_rl.skills.usage import SkillCredit, used_skills
@@ -94,8 +94,10 @@ class ChainRunner:
             library.record_use(used, traj.outcome.success)
             used_from.append(tuple(sorted({made_by[n] for n in used if n in made_by})))
             for skill in saved:
-                library.add(skill)
-                made_by[skill.name] = k
+                # Credit for making a skill stays with the task that first wrote its code: a later
+                # task that saves the same code (unchanged, or under another name) made nothing.
+                if library.add(skill).status in (AddStatus.ADDED, AddStatus.REPLACED):
+                    made_by[skill.name] = k
             history.append((task, tuple(s.name for s in saved)))
             trajectories.append(
                 dataclasses.replace(

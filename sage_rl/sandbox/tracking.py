@@ -16,7 +16,9 @@ Semantics, stated once:
 - a generator or async function counts when its body starts running, and raised when its body
   raises (not when it is merely created);
 - ``with_api``: each running call of a plain function has an entry on its thread's stack of open
-  calls; the bridge reports each successful API call (``api_ok``) to the innermost open call when
+  calls; the bridge reports each successful API call that works in the world (``does_work``: not
+  the API documentation, not ``supervisor.complete_task``, which every task calls anyway) to the
+  innermost open call (``api_ok``) when
   the agent code that made it (the nearest frame compiled from a cell or a skill) has that call's
   origin: the function's own code, a lambda or comprehension in it, or a function of the same
   origin. A call passes its count on to its caller when it ends if it has the caller's origin or is
@@ -51,6 +53,18 @@ SKILL_ORIGIN_PREFIX = "<skill:"
 
 #: Filename prefixes of code compiled from agent cells and library skills (see sage_rl/types.py).
 AGENT_PREFIXES = ("<cell-", SKILL_ORIGIN_PREFIX)
+
+#: API calls that do no work in the world, so never make a skill's call count ``with_api``: reading
+#: the API documentation, and submitting the task, which every task does with or without a skill.
+#: A skill wrapping either (``def submit(a): return apis.supervisor.complete_task(answer=a)``) was
+#: credited on every later successful task (the reward audit of session 26).
+IDLE_APPS = frozenset({"api_docs"})
+IDLE_APIS = frozenset({("supervisor", "complete_task")})
+
+
+def does_work(app: str, api: str) -> bool:
+    """Whether a successful call of ``apis.<app>.<api>`` counts towards ``with_api``."""
+    return app not in IDLE_APPS and (app, api) not in IDLE_APIS
 
 
 class _Instrument(ast.NodeTransformer):

@@ -1,7 +1,9 @@
 """Skill extraction: which functions a finished trajectory defined, and which of them to save
 (SAGE.md section 2; issue 4, "Extraction").
 
-A candidate is a top-level ``def``/``async def`` of an executed cell. Its tier is how far it got:
+A candidate is a top-level ``def``/``async def`` of an executed cell, unless its name is a builtin's
+or ``apis`` (``record.RESERVED_NAMES``: loaded into a later task, it would replace what that task's own
+code calls). Its tier is how far it got:
 
 - ``defined``: its definition executed. From ``ExecResult.defined`` when the sandbox reports it;
   otherwise every top-level def of a cell that finished ok, and none of a cell that failed (where
@@ -27,7 +29,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sage_rl.skills.library import Library
-from sage_rl.skills.record import FunctionNode, Provenance, Skill, Tier, dependencies, make_skill
+from sage_rl.skills.record import (
+    RESERVED_NAMES,
+    FunctionNode,
+    Provenance,
+    Skill,
+    Tier,
+    dependencies,
+    make_skill,
+)
 from sage_rl.skills.static import CallSimulator, parse_cell
 from sage_rl.types import ExecResult
 
@@ -119,6 +129,8 @@ def candidates(
         _note_imports(tree, imports)
         for node in tree.body:
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or not _executed(node, result):
+                continue
+            if node.name in RESERVED_NAMES:  # would shadow a builtin in every later task: never a skill
                 continue
             tier = Tier.DEFINED
             if (i, node.name) in called:

@@ -8,6 +8,7 @@ text, computing the signature, docstring, content hash and dependencies with ``a
 from __future__ import annotations
 
 import ast
+import builtins
 import dataclasses
 import enum
 import hashlib
@@ -105,10 +106,7 @@ class Skill:
             if not isinstance(d.get(key), str) or not d.get(key):
                 raise SkillError(f"skill record lacks a non-empty string field {key!r}")
         name = d["name"]
-        if len(name) > MAX_NAME_CHARS or not name.isidentifier():
-            raise SkillError(
-                f"skill name must be a Python identifier of at most {MAX_NAME_CHARS} characters, got {name[:80]!r}"
-            )
+        check_name(name)
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise SkillError(f"skill {name!r}: unknown fields {sorted(map(str, unknown))[:10]}")
@@ -164,6 +162,7 @@ def make_skill(
     """Build a ``Skill`` from the text of one top-level function (``name`` picks it when the text
     holds several). Raises ``SkillError`` when the text does not parse or holds no such function."""
     node = function_node(source, name)
+    check_name(node.name)
     return Skill(
         name=node.name,
         signature=signature_of(node),
@@ -279,6 +278,24 @@ MAX_NAME_CHARS = 200
 MAX_SOURCE_CHARS = 200_000
 MAX_TEXT_CHARS = 1_000
 MAX_ITEMS = 200
+
+#: Names no skill may take. A library skill is defined into every later task's namespace, so one
+#: named ``print`` or ``len`` (or ``apis``) would replace what the task's own code calls, and each
+#: ordinary call of it would be credited as a use of the skill (found by the reward audit of
+#: session 26: a ``print`` that made one API call paid the skill bonus on every later task).
+RESERVED_NAMES = frozenset(dir(builtins)) | {"apis"}
+
+
+def check_name(name: str) -> None:
+    """Raise ``SkillError`` when ``name`` cannot name a skill (not an identifier, too long, reserved)."""
+    if len(name) > MAX_NAME_CHARS or not name.isidentifier():
+        raise SkillError(
+            f"skill name must be a Python identifier of at most {MAX_NAME_CHARS} characters, got {name[:80]!r}"
+        )
+    if name in RESERVED_NAMES:
+        raise SkillError(
+            f"skill name {name!r} is reserved: it would shadow the builtin (or apis) in every task"
+        )
 
 
 def provenance_from(value: Any, name: str) -> Provenance:

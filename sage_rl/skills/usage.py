@@ -4,9 +4,11 @@ A task used a library skill when the skill's own code ran and returned, and (und
 credit rule) did some work in the world while it ran. Two credit rules (``SkillCredit``):
 
 - ``api`` (default): a call of the skill counts when it returned without raising AND made at least
-  one successful API call while it ran, by its own code, its own helpers or library skills it
-  called (``CallRecord.with_api``). A skill that only computes (``def get_two(): return 2``), or
-  only calls what the task hands it, is never credited;
+  one successful API call that works in the world while it ran, by its own code, its own helpers or
+  library skills it called (``CallRecord.with_api``; reading ``api_docs`` and calling
+  ``supervisor.complete_task`` do not count: ``sandbox.tracking.does_work``). A skill that only
+  computes (``def get_two(): return 2``), only calls what the task hands it, or only wraps the
+  documentation or the task's submission, is never credited;
 - ``paper``: the paper's rule, a call counts when it returned without raising.
 
 Two detectors, which agree on the shared corpus in ``tests/skill_corpus.py``:
@@ -19,7 +21,7 @@ Two detectors, which agree on the shared corpus in ``tests/skill_corpus.py``:
 - ``used_skills_static``: for environments without call records (AppWorld), a replay of the cells
   over a model of the namespace (``static.CallSimulator``; its rules are in that module). It cannot
   see whether a call raised; under ``api`` it credits only skills whose code (or a library skill it
-  calls) refers to ``apis``.
+  calls) refers to ``apis`` other than as ``apis.api_docs`` or ``apis.supervisor.complete_task``.
 
 ``used_skills`` is what the rollout credits: with records, both detectors must agree (the cells are
 text the parent holds), so a skill is credited only when it ran and the task's own code calls it.
@@ -31,6 +33,7 @@ import ast
 import enum
 from collections.abc import Collection, Iterable, Sequence
 
+from sage_rl.sandbox.tracking import IDLE_APIS, IDLE_APPS
 from sage_rl.skills.library import Library
 from sage_rl.skills.static import CallSimulator, global_calls, parse_cell
 from sage_rl.types import SKILL_ORIGIN_PREFIX, CallRecord, ExecResult
@@ -68,15 +71,32 @@ def used_skills_from_calls(
     return used
 
 
+def refers_to_work(node: ast.AST) -> bool:
+    """Whether ``node``'s code refers to ``apis`` other than as ``apis.api_docs...`` or
+    ``apis.supervisor.complete_task`` (``sandbox.tracking.does_work``, read off the text)."""
+    idle: set[int] = set()  # the ``apis`` names of idle references
+    for n in ast.walk(node):
+        if not isinstance(n, ast.Attribute):
+            continue
+        if isinstance(n.value, ast.Name) and n.value.id == "apis" and n.attr in IDLE_APPS:
+            idle.add(id(n.value))
+        inner = n.value
+        if (
+            isinstance(inner, ast.Attribute)
+            and isinstance(inner.value, ast.Name)
+            and inner.value.id == "apis"
+            and (inner.attr, n.attr) in IDLE_APIS
+        ):
+            idle.add(id(inner.value))
+    return any(isinstance(n, ast.Name) and n.id == "apis" and id(n) not in idle for n in ast.walk(node))
+
+
 def api_skills(library: Library) -> set[str]:
-    """Skills (canonical names) whose code refers to ``apis``, or calls a library skill that does:
-    the static stand-in for "made an API call" where there are no call records."""
+    """Skills (canonical names) whose code refers to ``apis`` for work (``refers_to_work``), or
+    calls a library skill that does: the static stand-in for "made an API call" where there are no
+    call records."""
     nodes = library.function_nodes()
-    direct = {
-        name
-        for name, node in nodes.items()
-        if any(isinstance(n, ast.Name) and n.id == "apis" for n in ast.walk(node))
-    }
+    direct = {name for name, node in nodes.items() if refers_to_work(node)}
     calls = {name: global_calls(node) & nodes.keys() for name, node in nodes.items()}
     out, grew = set(direct), True
     while grew:  # a fixpoint over the library's call graph

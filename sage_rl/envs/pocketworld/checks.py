@@ -5,7 +5,10 @@ parameters - independently of the reference solution, which only ever uses the p
 ``evaluate`` turns it into ``CheckResult``s and scores them with ``gated_outcome``: the task's own
 checks (requirements, answer) count as they pass; "no collateral changes" counts only once all of
 them pass. A no-op passes the collateral check and nothing else, so it scores 0, not 0.5
-(issue 30; docs/pocketworld.md, "Scoring", compares this with AppWorld's fraction of all tests).
+(issue 30). A requirement on the state counts only when nothing collateral changed: acting on
+every item ("like every song", "delete every email") meets "all of the artist's songs are liked"
+and would otherwise score 0.5, more than a careful attempt that missed one target (0). docs/pocketworld.md,
+"Scoring", compares this with AppWorld's fraction of all tests.
 """
 
 from __future__ import annotations
@@ -139,34 +142,45 @@ def answers_match(given: Any, expected: Any, ordered: bool = False) -> bool:
 
 def evaluate(expect: Expect, initial: Db, final: Db, answer: Any) -> Outcome:
     """Score a final state: each requirement, the answer (if any), and no collateral changes."""
-    checks = []
+    state = []
     for r in expect.requires:
         try:
             ok = bool(r.holds(final))
         except (KeyError, IndexError, TypeError, ValueError, StopIteration, ArithmeticError, RecursionError):
             ok = False  # the agent broke the structure the requirement reads
-        checks.append(CheckResult(r.name, ok))
+        state.append(CheckResult(r.name, ok))
+    answers = []
     if expect.answer is not NO_ANSWER:
         ok = answers_match(answer, expect.answer, expect.ordered)
-        checks.append(
+        answers.append(
             CheckResult(
                 "answer is correct", ok, "" if ok else f"expected {expect.answer!r}, got {brief(answer)}"
             )
         )
     bad = [c for c in diff(initial, final) if not any(a.permits(c) for a in expect.allow)]
     detail = "; ".join(str(c) for c in bad[:5]) + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else "")
-    return gated_outcome(tuple(checks), CheckResult("no collateral changes", not bad, detail))
+    return gated_outcome(tuple(state), tuple(answers), CheckResult("no collateral changes", not bad, detail))
 
 
-def gated_outcome(task_checks: tuple[CheckResult, ...], guard: CheckResult) -> Outcome:
-    """Score = (task checks passed + 1[all of them and ``guard`` passed]) / (task checks + 1).
+def gated_outcome(
+    state_checks: tuple[CheckResult, ...], answer_checks: tuple[CheckResult, ...], guard: CheckResult
+) -> Outcome:
+    """Score = (answer checks passed + state checks passed if ``guard`` passed + 1[every check
+    passed]) / (checks + 1); success = every check passed.
 
     ``guard`` is a check that an untouched world passes ("no collateral changes"). Counted like
     the others (AppWorld's fraction of all tests), it paid a no-op 1/(n+1): 0.5 on a one-check
     task, a reward RL climbs towards by doing nothing. Gated, it adds only to work that already
-    did everything the task asked, so a no-op scores what it achieves (0), breaking something
-    still costs the last 1/(n+1), and success (every check passed) is unchanged."""
+    did everything the task asked, so a no-op scores what it achieves (0).
+
+    ``state_checks`` (requirements on the final state) count only when ``guard`` passed: a change
+    outside what the task allows may be what met them (acting on every item meets "every one of
+    the artist's songs is liked"), and paying for it would rank a blanket action (0.5 on a
+    one-requirement task) above a careful attempt that missed one target (0). An answer cannot be
+    met by changing the world, so ``answer_checks`` count either way."""
+    task_checks = (*state_checks, *answer_checks)
     checks = (*task_checks, guard)
-    done = all(c.passed for c in task_checks)
-    passed = sum(c.passed for c in task_checks) + (done and guard.passed)
-    return Outcome(score=passed / len(checks), success=done and guard.passed, checks=checks)
+    done = all(c.passed for c in task_checks) and guard.passed
+    state = sum(c.passed for c in state_checks) if guard.passed else 0
+    passed = state + sum(c.passed for c in answer_checks) + done
+    return Outcome(score=passed / len(checks), success=done, checks=checks)

@@ -28,6 +28,7 @@ from sage_rl.envs.pocketworld.api import ApiError
 from sage_rl.envs.pocketworld.calltrace import AGENT_ORIGINS, CallTracer
 from sage_rl.envs.pocketworld.proxy import Apis, Dispatch
 from sage_rl.sandbox.rules import refusal
+from sage_rl.sandbox.tracking import does_work
 from sage_rl.types import ExecResult
 
 #: Observations longer than this are cut (the model's context is the scarce resource).
@@ -80,12 +81,13 @@ class InProcessExecutor:
         self._sources: dict[str, list[str]] = {}
 
     def _counted(self, dispatch: Dispatch) -> Dispatch:
-        """``dispatch`` that reports each successful call to the cell's tracer and count."""
+        """``dispatch`` that counts each successful call, and reports those that do work
+        (``tracking.does_work``) to the cell's tracer."""
 
         def call(app: str, api: str, kwargs: dict) -> object:
             value = dispatch(app, api, kwargs)
             self._api_ok += 1
-            if self._tracer is not None:
+            if self._tracer is not None and does_work(app, api):
                 self._tracer.api_ok()
             return value
 
