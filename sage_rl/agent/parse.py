@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from sage_rl.agent.syntax import CodeError, parse_code
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*(?:\r\n|\r|\n)(.*?)(?:```|\Z)", re.DOTALL)
 _TAG = re.compile(r"<code>\s*(.*?)\s*(?:</code>|\Z)", re.DOTALL | re.IGNORECASE)
 _CODE_LANGS = {"", "python", "py", "python3", "ipython"}
 

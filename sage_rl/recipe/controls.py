@@ -90,7 +90,7 @@ def per_task(folder: Path) -> dict[str, list[float]]:
     ``avg_steps`` and ``avg_tokens`` per task), for intervals and paired differences."""
     out: dict[str, list[float]] = {}
     for path in sorted(folder.glob("trajectories*.jsonl"))[:1]:  # one strategy: the headline
-        for line in path.read_text().splitlines():
+        for line in path.read_text(encoding="utf-8").split("\n"):  # not splitlines: a line holds U+2028
             if line.strip():
                 for t in Chain.from_dict(json.loads(line)).trajectories:
                     out[t.task.task_id] = [len(t.turns), t.num_generated_tokens]
@@ -156,7 +156,7 @@ def screened_templates(run_dir: Path) -> set[str] | None:
     path = run_dir / "screens.jsonl"
     if not path.is_file():
         return None
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
     return {t for row in rows for t in row.get("pool", ())}
 
 

@@ -220,7 +220,7 @@ def write_report(root: Path, cfg: Any, state: Mapping[str, Any]) -> dict[str, An
 def _rows(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").split("\n") if x.strip()]
 
 
 def plot_title(cfg: Any, state: Mapping[str, Any]) -> str:

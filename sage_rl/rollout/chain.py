@@ -190,13 +190,21 @@ class ChainRunner:
 
 async def load_library(env: Environment, library: Library) -> tuple[str, ...]:
     """Execute each skill's definition into the task's interpreter, dependencies first, compiled
-    as ``<skill:NAME>``. Returns the names whose definition failed (SAGE.md section 1)."""
-    failed = []
-    for cell in library.preamble():
-        result = await env.execute(cell.code, cell.origin)
-        if not result.ok:
-            failed.append(cell.name)
-    return tuple(failed)
+    as ``<skill:NAME>``. Returns the names whose definition failed (SAGE.md section 1).
+
+    A definition that fails may have taken the interpreter with it (a default argument that runs
+    past the cell's time or memory: the sandbox restarts the worker), and with it every skill
+    defined before. So after a pass with a failure the others are defined again, until a pass
+    fails nothing new: the skills a task is told it has are the ones its interpreter holds."""
+    cells, failed = library.preamble(), []
+    while True:
+        new = []
+        for cell in cells:
+            if cell.name not in failed and not (await env.execute(cell.code, cell.origin)).ok:
+                new.append(cell.name)
+        failed += new
+        if not new or len(failed) == len(cells):
+            return tuple(failed)
 
 
 def start_fingerprint(library: Library) -> tuple[tuple[str, str], ...]:

@@ -13,7 +13,10 @@ the world afterwards.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import time
+from collections.abc import Sequence
 
 from pydantic import Field
 
@@ -80,8 +83,8 @@ async def run_episode(
         )
         t0 = time.perf_counter()
         try:
-            completion = await policy.generate(request)
-        except Exception as e:  # a backend failure
+            completion = checked(await policy.generate(request))
+        except Exception as e:  # a backend failure, or a reply no trainer could use
             return end(StopReason.POLICY_ERROR, e)
         t1 = time.perf_counter()
         code = parse_reply(completion.text).code
@@ -115,6 +118,24 @@ async def _execute(env: Environment, code: str | None, step: int) -> ExecResult:
     if observation != result.observation:
         result = dataclasses.replace(result, observation=observation)
     return result
+
+
+def checked(c: Completion) -> Completion:
+    """``c`` when a trainer can use it, else ``ValueError`` saying what is wrong (the episode then
+    ends as a policy error, not the run): text a string; token ids and log-probabilities both
+    sequences, of equal length (or the log-probabilities empty, from a text-only backend), every
+    log-probability a finite number at most 0. The shipped backends hold to this; a server or a
+    new backend that breaks it would otherwise crash the turn's record or put NaN into a PPO ratio."""
+    if not isinstance(c.text, str):
+        raise ValueError(f"the completion's text is a {type(c.text).__name__}, not a string")
+    if not isinstance(c.token_ids, Sequence) or not isinstance(c.logprobs, Sequence):
+        raise ValueError("the completion's token_ids and logprobs must be sequences")
+    if c.logprobs and len(c.logprobs) != len(c.token_ids):
+        raise ValueError(f"{len(c.token_ids)} token ids but {len(c.logprobs)} log-probabilities")
+    bad = next((x for x in c.logprobs if not (isinstance(x, numbers.Real) and -math.inf < x <= 1e-4)), None)
+    if bad is not None:
+        raise ValueError(f"a log-probability is {bad!r}: every one must be a finite number <= 0")
+    return c
 
 
 def turn_room(cfg: AgentConfig, context_used: int, generated: int) -> tuple[int, StopReason]:

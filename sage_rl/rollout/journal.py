@@ -74,7 +74,8 @@ class StepJournal:
     def _load(self) -> None:
         if not self.path.is_file():
             return
-        lines = self.path.read_text(encoding="utf-8", errors="surrogateescape").splitlines()
+        # JSON Lines end at "\n" only: a chain's text may hold U+2028 or U+0085, which splitlines cuts at
+        lines = [x for x in self.path.read_text(encoding="utf-8", errors="surrogateescape").split("\n") if x]
         try:
             head = json.loads(lines[0]) if lines else {}
         except ValueError:

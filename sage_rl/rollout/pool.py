@@ -236,7 +236,7 @@ def screens(run_dir: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").split("\n"), 1):
         try:
             row = json.loads(line) if line.strip() else None
             if row is not None:

@@ -28,12 +28,14 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from sage_rl.agent.syntax import source_lines
 from sage_rl.skills.library import Library
 from sage_rl.skills.record import (
     RESERVED_NAMES,
     FunctionNode,
     Provenance,
     Skill,
+    SkillError,
     Tier,
     dependencies,
     make_skill,
@@ -94,19 +96,21 @@ def extract_skills(
             winners.pop(c.node.name, None)
             winners[c.node.name] = c  # re-insert: order follows the winning definition
     defined_names = _all_def_names(code for code, _ in cells)  # executed or not: a helper that did not run
-    kept = _with_dependencies(winners, defined_names, lib_names)
-    return [
-        make_skill(
-            c.source,
-            name=name,
-            imports=c.imports,
-            depends_on=dependencies(c.node, defined_names | lib_names),
-            provenance=provenance or Provenance(),
-            tier=c.tier,
-        )
-        for name, c in winners.items()
-        if name in kept
-    ]
+    made: dict[str, Skill] = {}
+    for name, c in winners.items():
+        try:
+            made[name] = make_skill(
+                c.source,
+                name=name,
+                imports=c.imports,
+                depends_on=dependencies(c.node, defined_names | lib_names),
+                provenance=provenance or Provenance(),
+                tier=c.tier,
+            )
+        except SkillError:  # valid Python no record holds (a name over MAX_NAME_CHARS): not saved
+            continue
+    kept = _with_dependencies({n: winners[n] for n in made}, defined_names, lib_names)
+    return [skill for name, skill in made.items() if name in kept]
 
 
 def candidates(
@@ -142,7 +146,7 @@ def candidates(
 def function_source(code: str, node: FunctionNode) -> str:
     """The function's text, decorators included, exactly as written."""
     start = min([d.lineno for d in node.decorator_list] + [node.lineno])
-    lines = code.splitlines()[start - 1 : node.end_lineno]
+    lines = source_lines(code)[start - 1 : node.end_lineno]
     return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sage_rl.agent.syntax import source_lines
 from sage_rl.skills.record import Skill, SkillError, SkillTextError, check_field, split_definition
 
 HEADER = "# sage-rl skill"
@@ -120,7 +121,7 @@ class _FileError(Exception):
 def parse_skill_file(text: str, default_name: str) -> Skill:
     """One ``.py`` skill file -> ``Skill``. Raises ``_FileError`` with the offending line."""
     header, body_start = _read_header(text)
-    lines = text.splitlines()
+    lines = source_lines(text)
     body = "\n".join(lines[body_start:])
     try:
         tree = ast.parse(body)
@@ -135,14 +136,14 @@ def parse_skill_file(text: str, default_name: str) -> Skill:
         raise _FileError(body_start + e.line, e.message) from None
     imports = [ast.get_source_segment(body, node) or ast.unparse(node) for node in import_nodes]
     start = min([d.lineno for d in f.decorator_list] + [f.lineno])
-    source = "\n".join(body.splitlines()[start - 1 : f.end_lineno])
+    source = "\n".join(source_lines(body)[start - 1 : f.end_lineno])
     return _skill_from_header(source, name, tuple(imports), header)
 
 
 def _read_header(text: str) -> tuple[dict[str, tuple[int, str]], int]:
     """Leading ``# key: value`` lines -> ({key: (line number, value)}, index of the first body line)."""
     header: dict[str, tuple[int, str]] = {}
-    lines = text.splitlines()
+    lines = source_lines(text)
     i = 0
     while i < len(lines) and lines[i].startswith("#"):
         key, sep, value = lines[i][1:].partition(":")

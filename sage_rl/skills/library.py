@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from sage_rl.agent.syntax import source_lines
 from sage_rl.skills.record import FunctionNode, Skill, function_node
 from sage_rl.types import skill_origin
 
@@ -260,7 +261,7 @@ def render_skill(skill: Skill, mode: str) -> str:
 
 def _indent_doc(body: str) -> str:
     return "\n".join(
-        line if i == 0 or not line else "    " + line for i, line in enumerate(body.splitlines())
+        line if i == 0 or not line else "    " + line for i, line in enumerate(source_lines(body))
     )
 
 

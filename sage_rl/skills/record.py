@@ -280,10 +280,11 @@ MAX_TEXT_CHARS = 1_000
 MAX_ITEMS = 200
 
 #: Names no skill may take. A library skill is defined into every later task's namespace, so one
-#: named ``print`` or ``len`` (or ``apis``) would replace what the task's own code calls, and each
+#: named ``print`` or ``len`` (or ``apis``, or ``ApiError``, which the sandbox binds in every task)
+#: would replace what the task's own code calls (``except ApiError`` then fails), and each
 #: ordinary call of it would be credited as a use of the skill (found by the reward audit of
 #: session 26: a ``print`` that made one API call paid the skill bonus on every later task).
-RESERVED_NAMES = frozenset(dir(builtins)) | {"apis"}
+RESERVED_NAMES = frozenset(dir(builtins)) | {"apis", "ApiError"}
 
 
 def check_name(name: str) -> None:
@@ -294,7 +295,7 @@ def check_name(name: str) -> None:
         )
     if name in RESERVED_NAMES:
         raise SkillError(
-            f"skill name {name!r} is reserved: it would shadow the builtin (or apis) in every task"
+            f"skill name {name!r} is reserved: it would shadow the builtin, apis or ApiError in every task"
         )
 
 

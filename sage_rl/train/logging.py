@@ -100,7 +100,7 @@ def truncate_metrics(path: Path, offset: int) -> None:
 
 def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     path = RunFolder.of(run_dir).metrics
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
 def _finite(v: Any) -> Any:

@@ -24,6 +24,7 @@ import types
 from collections.abc import Mapping
 from typing import Protocol
 
+from sage_rl.agent.syntax import source_lines
 from sage_rl.envs.pocketworld.api import ApiError
 from sage_rl.envs.pocketworld.calltrace import AGENT_ORIGINS, CallTracer
 from sage_rl.envs.pocketworld.proxy import Apis, Dispatch
@@ -97,7 +98,7 @@ class InProcessExecutor:
         refused = refusal(code)  # the sandbox's rules, so that both executors show the same observations
         if refused is not None:
             return ExecResult(refused, ok=False, calls=(), defined=(), api_ok=0)
-        self._sources[origin] = code.splitlines()
+        self._sources[origin] = source_lines(code)
         before = dict(self._ns)  # holds references, so a redefined function's id cannot be reused
         out = io.StringIO()
         start = time.perf_counter()
