@@ -210,6 +210,20 @@ def test_an_environment_failure_ends_the_task_as_data_and_the_chain_goes_on(brok
         assert got == [("bad_1", 0.0), ("bad_2", 1.0), ("bad_1", 0.0), ("bad_2", 1.0)]
 
 
+def test_a_backend_failure_before_the_first_turn_leaves_its_group():
+    """The backend failed before anything was sampled (the server went away; a completion that
+    ``checked`` refused): nothing the policy wrote, no token to train. Scored as "no code" (-1) it
+    sat in its group's baseline, and the three chains that failed on their own got +0.25 each."""
+    fails = _runner(ScriptPolicy(["```python\nx = 1\n```"]), OneEnvSuite(FakeEnv()))
+    errs = _runner(ScriptPolicy(["RAISE"]), OneEnvSuite(FakeEnv()))
+    chains = [asyncio.run(r.run((TASK,), Library())) for r in (fails, fails, fails, errs)]
+    err = chains[3].trajectories[0]
+    assert err.stop is StopReason.POLICY_ERROR and err.turns == () and "server went away" in err.error
+    samples = to_samples([chains], RolloutConfig(chain_length=1, group_size=4))
+    assert len(samples) == 3 and all(s.trajectory.stop is StopReason.STEP_LIMIT for s in samples)
+    assert [(s.reward, s.advantage) for s in samples] == [(0.0, 0.0)] * 3
+
+
 def test_opening_the_environment_can_fail_too():
     class NoEnv(OneEnvSuite):
         async def open(self):

@@ -24,7 +24,7 @@ from sage_rl.rollout.advantages import Baseline, compute_advantages
 from sage_rl.rollout.chain import ChainRunner
 from sage_rl.rollout.journal import StepJournal, run_group_kept
 from sage_rl.rollout.pool import PoolKind
-from sage_rl.rollout.rewards import ChainOutcomes, RewardKind, compute_rewards, env_failed_first
+from sage_rl.rollout.rewards import ChainOutcomes, RewardKind, compute_rewards, nothing_sampled
 from sage_rl.skills.library import Library
 from sage_rl.types import Chain, Sample
 
@@ -89,9 +89,10 @@ def chain_rewards(chain: Chain, cfg: RolloutConfig) -> tuple[float, ...]:
 def to_samples(groups: Sequence[Sequence[Chain]], cfg: RolloutConfig) -> list[Sample]:
     """Rewards per chain (pure), then advantages per (task sequence, position) group.
 
-    A task whose environment failed before the policy's first turn says nothing about the policy
-    and has no token to train: it is left out of its group, so its 0 does not move the others'
-    baseline (the verl adapter leaves such outputs out the same way).
+    A task that ended before a turn of the policy's was recorded (``rewards.nothing_sampled``: the
+    environment or the backend failed first) says nothing about the policy and has no token to
+    train: it is left out of its group, so its reward does not move the others' baseline (the
+    verl adapter leaves such outputs out the same way).
     """
     items = []
     for chains in groups:
@@ -100,7 +101,7 @@ def to_samples(groups: Sequence[Sequence[Chain]], cfg: RolloutConfig) -> list[Sa
             items += [
                 ((chain.task_ids, k), r, traj)
                 for k, (traj, r) in enumerate(zip(chain.trajectories, rs, strict=True))
-                if not env_failed_first(traj)
+                if not nothing_sampled(traj)
             ]
     adv = compute_advantages(
         [(key, r) for key, r, _ in items], cfg.baseline, cfg.normalize_std, drop_below=cfg.drop_below

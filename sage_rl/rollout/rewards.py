@@ -78,16 +78,20 @@ class ChainOutcomes:
         return cls(
             scores=tuple(t.outcome.score for t in trajs),
             successes=tuple(t.outcome.success for t in trajs),
-            # An episode the environment ended before the policy's first turn is a failure
+            # An episode that ended before the policy's first turn was recorded is a failure
             # (score 0), not the policy's no-code failure: no penalty.
-            produced_code=tuple(t.produced_code or env_failed_first(t) for t in trajs),
+            produced_code=tuple(t.produced_code or nothing_sampled(t) for t in trajs),
             used_from=tuple(tuple(u) for u in used),
         )
 
 
-def env_failed_first(t: Trajectory) -> bool:
-    """The environment ended the episode before the policy's first turn (nothing was sampled)."""
-    return t.stop is StopReason.ENV_ERROR and not t.turns
+def nothing_sampled(t: Trajectory) -> bool:
+    """The episode ended before a turn of the policy's was recorded: the environment failed first
+    (a reset, the library's load), or the backend did (an exception, a completion ``checked``
+    refused, a prompt longer than the engine holds). It says nothing about what the policy
+    writes and has no token to train on; scored as "no code" (-1) it would sit in its group's
+    baseline and raise the advantage of the other chains' failures."""
+    return t.stop in (StopReason.ENV_ERROR, StopReason.POLICY_ERROR) and not t.turns
 
 
 def _apply_no_code(rs: Sequence[float], c: ChainOutcomes, no_code_reward: float | None) -> tuple[float, ...]:

@@ -3,6 +3,7 @@ step of it (clip the global gradient norm, step, clear the gradients), and the l
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -20,9 +21,14 @@ def build_optimizer(
 
 def optimizer_step(optimizer: torch.optim.Optimizer, grad_clip: float, lr: float | None = None) -> float:
     """Clip the global gradient norm to ``grad_clip``, set the learning rate (when given), take
-    one step and clear the gradients. Returns the norm before clipping."""
+    one step and clear the gradients. Returns the norm before clipping. A gradient that is not
+    finite (NaN or inf anywhere: a numeric blow-up) is cleared without a step, weights and
+    moments untouched: the caller sees it in the norm returned (``math.isfinite``)."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
+    if not math.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm
     if lr is not None:
         for group in optimizer.param_groups:
             group["lr"] = lr

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -174,21 +175,27 @@ class Trainer:
     def step(self, samples: Sequence[Sample], num_chains: int) -> dict[str, float]:
         """One optimizer step on ``samples`` (the tasks of ``num_chains`` chains); returns metrics.
 
-        When no sample carries a gradient (every advantage 0, no KL term), no update is made:
-        the weights and the optimizer's moments stay as they are (``updated`` = 0)."""
+        When no sample carries a gradient (no samples at all: every group dropped, or every task
+        failed before its first turn; every advantage 0 and no KL term; no generated token among
+        those run), no update is made: the weights and the optimizer's moments stay as they are
+        (``updated`` = 0). Nor is one made from a gradient that is not finite (``nonfinite_grad``
+        = 1): one such step would make every weight NaN, and every checkpoint after it."""
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        stats = self.accumulate_gradients(samples, num_chains)
-        updated = stats.forward_tokens > 0
+        stats = self.accumulate_gradients(samples, num_chains) if samples else StepStats(samples_run=0)
+        updated = stats.gen_tokens > 0
         lr = warmup_lr(self.cfg.lr, updates_made(self.optimizer) + 1, self.cfg.warmup_steps)
         grad_norm = optimizer_step(self.optimizer, self.cfg.grad_clip, lr) if updated else 0.0
+        nonfinite = not math.isfinite(grad_norm)
+        updated = updated and not nonfinite
         self.global_step += 1
         elapsed = time.perf_counter() - t0
         return {
             **stats.as_metrics(),
-            "grad_norm": grad_norm,
+            "grad_norm": grad_norm if not nonfinite else -1.0,
             "lr": lr,
             "updated": float(updated),
+            "nonfinite_grad": float(nonfinite),
             "samples": float(len(samples)),
             "samples_run": float(stats.samples_run),
             "chains": float(num_chains),

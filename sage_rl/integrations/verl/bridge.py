@@ -28,7 +28,7 @@ from sage_rl.integrations.verl.config import VerlRunConfig
 from sage_rl.policies.base import Policy
 from sage_rl.rollout.batch import RolloutConfig, chain_rewards
 from sage_rl.rollout.chain import ChainRunner
-from sage_rl.rollout.rewards import env_failed_first
+from sage_rl.rollout.rewards import nothing_sampled
 from sage_rl.settings import PocketWorldConfig, RunConfig
 from sage_rl.skills.library import Library
 from sage_rl.types import Chain, SamplingParams, Task, Trajectory, to_jsonable
@@ -163,7 +163,7 @@ def _position(k: int, traj: Trajectory, reward: float, used: tuple[int, ...], pa
         response_mask=tuple(resp_mask),
         response_logprobs=tuple(resp_lps),
         reward=float(reward),
-        ok=not env_failed_first(traj),  # nothing sampled: left out of its group, like to_samples
+        ok=not nothing_sampled(traj),  # nothing sampled: left out of its group, like to_samples
         error=traj.error,
         score=traj.outcome.score,
         success=traj.outcome.success,
