@@ -1,9 +1,9 @@
 """Skill extraction: which functions a finished trajectory defined, and which of them to save
 (SAGE.md section 2; issue 4, "Extraction").
 
-A candidate is a top-level ``def``/``async def`` of an executed cell, unless its name is a builtin's
-or ``apis`` (``record.RESERVED_NAMES``: loaded into a later task, it would replace what that task's own
-code calls). Its tier is how far it got:
+A candidate is a top-level ``def``/``async def`` of an executed cell, unless its name is a builtin's,
+``apis`` or ``ApiError`` (``record.RESERVED_NAMES``: loaded into a later task, it would replace what
+that task's own code calls). Its tier is how far it got:
 
 - ``defined``: its definition executed. From ``ExecResult.defined`` when the sandbox reports it;
   otherwise every top-level def of a cell that finished ok, and none of a cell that failed (where
