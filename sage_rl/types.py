@@ -26,6 +26,17 @@ def valid_text(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text)
 
 
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def source_lines(code: str) -> list[str]:
+    """``code`` cut at Python's own line breaks (``\\n``, ``\\r\\n``, ``\\r``): the lines a syntax
+    tree's ``lineno`` counts. ``str.splitlines`` also cuts at form feeds, ``\\x85``, ``\\u2028``
+    and more, which Python allows in strings and comments: sliced by line number, such lines give
+    the wrong text (a saved skill without its body)."""
+    return _LINE_BREAK.split(code)
+
+
 def to_jsonable(obj: Any) -> Any:
     """Convert a (nested) dataclass / enum / tuple structure into plain JSON values."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

@@ -20,7 +20,6 @@ reports them in the interpreter's own words.
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass
 
 #: The deepest syntax tree accepted (the module is level 1). See the module docstring.
@@ -66,13 +65,3 @@ def deeper_than(tree: ast.AST, limit: int) -> bool:
         todo.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
     return False
 
-
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
-
-
-def source_lines(code: str) -> list[str]:
-    """``code`` cut at Python's own line breaks (``\\n``, ``\\r\\n``, ``\\r``), the lines its syntax
-    tree's ``lineno`` counts. ``str.splitlines`` also cuts at form feeds, ``\\x85``, ``\\u2028`` and
-    more, which Python allows inside strings and comments: lines cut that way, sliced by line
-    number, give the wrong text (a saved skill missing its body)."""
-    return _LINE_BREAK.split(code)

@@ -28,7 +28,6 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from sage_rl.agent.syntax import source_lines
 from sage_rl.skills.library import Library
 from sage_rl.skills.record import (
     RESERVED_NAMES,
@@ -41,7 +40,7 @@ from sage_rl.skills.record import (
     make_skill,
 )
 from sage_rl.skills.static import CallSimulator, parse_cell
-from sage_rl.types import ExecResult
+from sage_rl.types import ExecResult, source_lines
 
 
 class SavePolicy(enum.StrEnum):

@@ -24,13 +24,12 @@ import types
 from collections.abc import Mapping
 from typing import Protocol
 
-from sage_rl.agent.syntax import source_lines
 from sage_rl.envs.pocketworld.api import ApiError
 from sage_rl.envs.pocketworld.calltrace import AGENT_ORIGINS, CallTracer
 from sage_rl.envs.pocketworld.proxy import Apis, Dispatch
 from sage_rl.sandbox.rules import refusal
 from sage_rl.sandbox.tracking import does_work
-from sage_rl.types import ExecResult
+from sage_rl.types import ExecResult, source_lines
 
 #: Observations longer than this are cut (the model's context is the scarce resource).
 MAX_OBSERVATION_CHARS = 20_000
