@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 
 import pytest
@@ -126,7 +127,8 @@ def test_run_sft_restores_the_process_thread_count(tiny, monkeypatch, tmp_path):
         raise RuntimeError("training failed")
 
     monkeypatch.setattr(threads_mod, "pick_threads", lambda **k: picked)
-    monkeypatch.setattr(models, "load_model", lambda *a, **k: tiny)
+    # a copy: SFT trains the model it loads, and the session's shared tiny model must stay as made
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: (copy.deepcopy(tiny[0]), tiny[1]))
     monkeypatch.setattr(records, "read_jsonl", lambda path: [])
     monkeypatch.setattr(train_mod, "train_sft", fail)
     cfg = SFTConfig.model_validate(
@@ -151,7 +153,8 @@ def test_sft_takes_back_a_core_its_neighbour_frees(tiny, monkeypatch, tmp_path):
     monkeypatch.setattr(threads_mod, "usable_cores", lambda: 2)
     monkeypatch.setattr(threads_mod, "others_running", lambda: next(others))
     monkeypatch.setattr(threads_mod.time, "sleep", lambda s: None)
-    monkeypatch.setattr(models, "load_model", lambda *a, **k: tiny)
+    # a copy: SFT trains the model it loads, and the session's shared tiny model must stay as made
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: (copy.deepcopy(tiny[0]), tiny[1]))
     real_step, seen = train_mod.sft_step, []
 
     def step(*args, **kwargs):
