@@ -64,4 +64,3 @@ def deeper_than(tree: ast.AST, limit: int) -> bool:
             return True
         todo.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
     return False
-

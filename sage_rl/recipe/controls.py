@@ -26,12 +26,12 @@ pure: configs in, configs out; evaluations in, figures out.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any, TypeVar
 
 from sage_rl.eval.ci import paired_difference, paired_outcomes
+from sage_rl.files import json_lines
 from sage_rl.settings import RunConfig, TrainConfig
 from sage_rl.types import Chain
 
@@ -90,10 +90,9 @@ def per_task(folder: Path) -> dict[str, list[float]]:
     ``avg_steps`` and ``avg_tokens`` per task), for intervals and paired differences."""
     out: dict[str, list[float]] = {}
     for path in sorted(folder.glob("trajectories*.jsonl"))[:1]:  # one strategy: the headline
-        for line in path.read_text(encoding="utf-8").split("\n"):  # not splitlines: a line holds U+2028
-            if line.strip():
-                for t in Chain.from_dict(json.loads(line)).trajectories:
-                    out[t.task.task_id] = [len(t.turns), t.num_generated_tokens]
+        for row in json_lines(path):
+            for t in Chain.from_dict(row).trajectories:
+                out[t.task.task_id] = [len(t.turns), t.num_generated_tokens]
     return out
 
 
@@ -156,8 +155,7 @@ def screened_templates(run_dir: Path) -> set[str] | None:
     path = run_dir / "screens.jsonl"
     if not path.is_file():
         return None
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
-    return {t for row in rows for t in row.get("pool", ())}
+    return {t for row in json_lines(path) for t in row.get("pool", ())}
 
 
 def _named(name: str, d: tuple[float, tuple[float, float]] | None) -> dict[str, Any]:

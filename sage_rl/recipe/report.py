@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sage_rl.eval.ci import format_ci, paired_outcomes
-from sage_rl.files import write_atomic
+from sage_rl.files import json_lines, write_atomic
 
 #: (stage key in the state, column label) of the evaluations, in order.
 EVALS = (("eval_base", "base"), ("eval_sft", "SFT"), ("eval_sage", "SAGE"))
@@ -220,7 +220,7 @@ def write_report(root: Path, cfg: Any, state: Mapping[str, Any]) -> dict[str, An
 def _rows(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
-    return [json.loads(x) for x in path.read_text(encoding="utf-8").split("\n") if x.strip()]
+    return json_lines(path)
 
 
 def plot_title(cfg: Any, state: Mapping[str, Any]) -> str:

@@ -1,9 +1,7 @@
 """Skill extraction: which functions a finished trajectory defined, and which of them to save
 (SAGE.md section 2; issue 4, "Extraction").
 
-A candidate is a top-level ``def``/``async def`` of an executed cell, unless its name is a builtin's,
-``apis`` or ``ApiError`` (``record.RESERVED_NAMES``: loaded into a later task, it would replace what
-that task's own code calls). Its tier is how far it got:
+A candidate is a top-level ``def``/``async def`` of an executed cell. Its tier is how far it got:
 
 - ``defined``: its definition executed. From ``ExecResult.defined`` when the sandbox reports it;
   otherwise every top-level def of a cell that finished ok, and none of a cell that failed (where
@@ -30,7 +28,6 @@ from dataclasses import dataclass
 
 from sage_rl.skills.library import Library
 from sage_rl.skills.record import (
-    RESERVED_NAMES,
     FunctionNode,
     Provenance,
     Skill,
@@ -106,8 +103,8 @@ def extract_skills(
                 provenance=provenance or Provenance(),
                 tier=c.tier,
             )
-        except SkillError:  # valid Python no record holds (a name over MAX_NAME_CHARS): not saved
-            continue
+        except SkillError:  # valid Python no record holds: a name over MAX_NAME_CHARS, or one that
+            continue  # would shadow a builtin, apis or ApiError in every later task (record.check_name)
     kept = _with_dependencies({n: winners[n] for n in made}, defined_names, lib_names)
     return [skill for name, skill in made.items() if name in kept]
 
@@ -132,8 +129,6 @@ def candidates(
         _note_imports(tree, imports)
         for node in tree.body:
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or not _executed(node, result):
-                continue
-            if node.name in RESERVED_NAMES:  # would shadow a builtin in every later task: never a skill
                 continue
             tier = Tier.DEFINED
             if (i, node.name) in called:

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sage_rl.files import json_lines
 from sage_rl.train.layout import RunFolder
 from sage_rl.types import Sample, StopReason
 
@@ -100,7 +101,7 @@ def truncate_metrics(path: Path, offset: int) -> None:
 
 def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     path = RunFolder.of(run_dir).metrics
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+    return json_lines(path)
 
 
 def _finite(v: Any) -> Any:
