@@ -11,7 +11,8 @@ temperature 1), and a fixed observation of about ``--obs`` tokens appended after
   ``policy_<dtype>`` (fp32, bf16) and ``policy_t<N>`` / ``policy_fp32_t<N>`` fix the compute dtype
   or the sampling threads (``threads=N`` instead of the default "auto"); ``_unpacked`` turns off
   the few-row column blocks of ``engine/packed.py`` (the BLAS product for every row count),
-  ``_rows`` the decode pool of ``engine/pool.py`` (each row attends over its own cache).
+  ``_rows`` the decode pool of ``engine/pool.py`` (each row attends over its own cache),
+  ``_torch`` the compiled decode step of ``engine/native.py`` (its torch operations instead).
 - ``llama_cpp``: llama-cpp-python on the same GGUF, one episode after another, when a bench venv
   has it (``--llama-python``, default ``.venv-bench/bin/python``); skipped otherwise. PyPI has no
   CPU wheel of it, so it builds from source (about 20 minutes on 2 cores):
@@ -53,6 +54,7 @@ from rich.console import Console
 from runs_summary import median_runs, ratios
 
 from sage_rl.agent.render import ChatRenderer
+from sage_rl.engine import native
 from sage_rl.models import load_model, smollm2_gguf_path
 from sage_rl.policies.base import PolicyRequest, SamplingParams
 from sage_rl.policies.transformers_policy import TransformersPolicy
@@ -249,8 +251,15 @@ QUICK = {"prompt": 300, "turns": 2, "gen": 32}
 POLICY_DTYPES = {"": None, "fp32": "float32", "bf16": "bfloat16"}
 
 
+def kernel_in_use(runner) -> str:
+    """Whether decode steps go through the compiled kernel (engine/native.py), and why not."""
+    if getattr(runner, "kernel_weights", None) is None:
+        return f"torch ({native.disabled() or 'the kernel does not apply, or _torch'})"
+    return "compiled" if native.decode_kernel() is not None else "torch (the kernel could not be built)"
+
+
 def policy_variant(system: str) -> dict:
-    """``policy[_fp32|_bf16][_t<N>|_auto][_unpacked][_rows]`` -> TransformersPolicy keyword arguments
+    """``policy[_fp32|_bf16][_t<N>|_auto][_unpacked][_rows][_torch]`` -> TransformersPolicy keyword arguments
     (the defaults where the name says nothing)."""
     kwargs: dict = {}
     parts = system.split("_")[1:]
@@ -259,6 +268,8 @@ def policy_variant(system: str) -> dict:
             kwargs["column_blocks"] = False
         elif part == "rows":  # each row's attention over its own cache
             kwargs["decode_pool"] = False
+        elif part == "torch":  # the decode step through torch operations, not the compiled kernel
+            kwargs["kernel"] = False
         elif part in POLICY_DTYPES:
             kwargs["dtype"] = POLICY_DTYPES[part]
         elif part == "auto":
@@ -266,7 +277,9 @@ def policy_variant(system: str) -> dict:
         elif part.startswith("t") and part[1:].isdigit():
             kwargs["threads"] = int(part[1:])
         else:
-            raise SystemExit(f"unknown system {system!r}: policy[_fp32|_bf16][_t<N>|_auto][_unpacked][_rows]")
+            raise SystemExit(
+                f"unknown system {system!r}: policy[_fp32|_bf16][_t<N>|_auto][_unpacked][_rows][_torch]"
+            )
     return kwargs
 
 
@@ -356,7 +369,10 @@ def measure(args, model, tok, prompts, obs, bandwidth, busy, console, tag) -> di
         with console.status(f"{system}: {args.episodes} episodes x {args.turns} turns x {args.gen} tokens"):
             if system.startswith("policy"):
                 kwargs = policy_variant(system)
+                kernel = kwargs.pop("kernel", True)
                 policy = TransformersPolicy(model, tok, max_batch=args.episodes, stop_ids=(), **kwargs)
+                if not kernel:
+                    policy.engine.runner.kernel_weights = None
                 timer = DecodeTimer(policy.engine.runner, args.episodes)
                 entry = _timed(lambda p=policy: run_policy(p, prompts, obs, args), busy)
                 entry["settings"] = {
@@ -364,6 +380,7 @@ def measure(args, model, tok, prompts, obs, bandwidth, busy, console, tag) -> di
                     "threads": kwargs.get("threads", "auto"),
                     "packed": getattr(policy.engine.runner, "packed", None),
                     "pooled": getattr(policy.engine.runner, "pool", None) is not None,
+                    "decode_kernel": kernel_in_use(policy.engine.runner),
                 }
                 entry["engine"] = {k: v for k, v in vars(policy.stats).items() if k != "admitted_at"}
                 entry["bandwidth_floor"] = floor_report(policy, timer, bandwidth, args)

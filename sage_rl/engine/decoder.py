@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from sage_rl.engine import native
 from sage_rl.engine.adapters import effective_linear, projection_problem, unwrap
 from sage_rl.engine.attention import attend_causal, attend_padded, attend_pooled, rotate
 from sage_rl.engine.kv import KVCache
@@ -155,6 +156,11 @@ class NativeRunner:
         if self.packed:
             for layer in self.layers:
                 layer.blocks = layer_blocks(layer)
+        # the compiled decode step (engine/native.py) where it applies: float32, packed, pooled;
+        # built here (on first use, ~20 s) rather than inside a decode step, which would hold the loop
+        fits = self.pool is not None and self.packed and dt == torch.float32 and self.head_dim in (64, 128)
+        fits = fits and not native.disabled() and native.decode_kernel() is not None
+        self.kernel_weights = native.layer_tensors(self.layers) if fits else None
 
     @staticmethod
     def _layer(layer: Any, dt: torch.dtype, fuse: bool) -> _Layer:
@@ -212,7 +218,10 @@ class NativeRunner:
         seats = self._seat(caches, starts)
         for c in caches:
             c.reserve(1)
-        h_BD = self._forward(ids, torch.tensor(starts), caches, starts, seats=seats)
+        if seats is not None and self.kernel_weights is not None:
+            h_BD = native.decode_step(self, native.decode_kernel(), self.kernel_weights, ids, seats)
+        else:
+            h_BD = self._forward(ids, torch.tensor(starts), caches, starts, seats=seats)
         for c, i in zip(caches, ids, strict=True):
             c.ids.append(i)
         return self._logits(h_BD)

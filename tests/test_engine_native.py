@@ -1,0 +1,131 @@
+"""The compiled CPU decode step (engine/native.py, csrc/decode_cpu.cpp): the torch path's numbers
+(logits and cache contents) for rows that share a prefix or not, sit in their slots in order or
+not, with q/k/v biases, 1 to 4 query heads per KV head and head sizes 64 and 128; and the torch
+path wherever it cannot be built or is turned off."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from sage_rl.engine import decoder, native
+from sage_rl.engine.decoder import NativeRunner
+
+torch.set_num_threads(1)
+
+
+def _model(kind: str, heads: int, kv_heads: int, head_dim: int):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config_cls, model_cls = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    }[kind]
+    config = config_cls(
+        vocab_size=128,
+        hidden_size=96,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=1024,
+        tie_word_embeddings=kind == "llama",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        model = model_cls(config).eval()
+        for p in model.parameters():  # random biases and norms too, so that they matter
+            p.data.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    module = native.decode_kernel()
+    if module is None:
+        pytest.skip(
+            f"the kernel cannot be built here: {native.disabled() or 'build failed (see the warning)'}"
+        )
+    return module
+
+
+@pytest.mark.parametrize(
+    "kind,heads,kv_heads,head_dim",
+    [("llama", 3, 1, 64), ("llama", 4, 1, 64), ("qwen2", 2, 2, 64), ("llama", 2, 1, 128)],
+)
+def test_the_kernel_gives_the_torch_paths_numbers(kernel, monkeypatch, kind, heads, kv_heads, head_dim):
+    model = _model(kind, heads, kv_heads, head_dim)
+    rng = random.Random(0)
+    with torch.inference_mode():
+        fast, slow = NativeRunner(model), NativeRunner(model)
+        slow.kernel_weights = None  # the torch path
+        assert fast.kernel_weights is not None, "the kernel applies to this model"
+        prefix = [rng.randrange(128) for _ in range(80)]  # shared by rows 0-3 (>= SHARED_MIN)
+        pairs = [(fast.new_cache(), slow.new_cache()) for _ in range(5)]
+        worst = 0.0
+        for j, (a, b) in enumerate(pairs):
+            ids = (prefix if j < 4 else []) + [rng.randrange(128) for _ in range(3 + 5 * j)]
+            worst = max(worst, float((fast.prefill(a, ids) - slow.prefill(b, ids)).abs().max()))
+        batches = [[0, 1, 2, 3]] * 3 + [[2, 0, 3]] * 3 + [[4, 1, 0]] * 3 + [[3, 1, 2, 0, 4]] * 2
+        calls, real = [], native.decode_step
+        monkeypatch.setattr(native, "decode_step", lambda *a: calls.append(1) or real(*a))
+        for rows in batches:  # shared prefix, rows out of slot order, a row without the prefix
+            ids = [rng.randrange(128) for _ in rows]
+            got = fast.decode([pairs[r][0] for r in rows], ids)
+            want = slow.decode([pairs[r][1] for r in rows], ids)
+            worst = max(worst, float((got - want).abs().max()))
+            assert torch.equal(got.argmax(-1), want.argmax(-1))
+        assert len(calls) == len(batches)  # every decode step went through the kernel
+        assert worst < 1e-5
+        for a, b in pairs:
+            assert a.ids == b.ids
+            n = len(a)
+            assert torch.allclose(a.kv[:, :, :, :n], b.kv[:, :, :, :n], atol=1e-6)
+
+
+def test_the_torch_path_where_the_kernel_is_off_or_does_not_fit(monkeypatch):
+    monkeypatch.setenv("SAGE_RL_NATIVE", "0")
+    assert native.disabled() == "SAGE_RL_NATIVE=0"
+    with torch.inference_mode():
+        assert NativeRunner(_model("llama", 2, 1, 64)).kernel_weights is None
+    monkeypatch.delenv("SAGE_RL_NATIVE")
+    if native.disabled() is None:
+        with torch.inference_mode():
+            assert NativeRunner(_model("llama", 2, 1, 64)).kernel_weights is not None
+            assert NativeRunner(_model("llama", 2, 1, 64), packed=False).kernel_weights is None
+            assert NativeRunner(_model("llama", 2, 1, 64), pooled=False).kernel_weights is None
+            assert NativeRunner(_model("llama", 2, 1, 64), dtype=torch.bfloat16).kernel_weights is None
+            assert NativeRunner(_model("llama", 4, 1, 16)).kernel_weights is None  # head size 16
+
+
+def test_a_failed_build_warns_once_and_decodes_through_torch(monkeypatch, tmp_path):
+    import torch.utils.cpp_extension as ext
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Error building extension 'x': g++: command not found")
+
+    monkeypatch.setattr(ext, "load", broken)
+    monkeypatch.setenv("SAGE_RL_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "disabled", lambda: None)
+    with pytest.warns(RuntimeWarning, match="g\\+\\+: command not found"):
+        assert native.decode_kernel.__wrapped__() is None
+    calls = []
+    monkeypatch.setattr(native, "decode_kernel", lambda: None)  # what the cache holds after that
+    monkeypatch.setattr(decoder, "attend_pooled", lambda *a: calls.append(1) or _attend(*a))
+    with torch.inference_mode():
+        runner = NativeRunner(_model("llama", 2, 1, 64))
+        assert runner.kernel_weights is None
+        caches = [runner.new_cache() for _ in range(2)]
+        for c in caches:
+            runner.prefill(c, [1, 2, 3])
+        assert runner.decode(caches, [4, 5]).shape == (2, 128)
+    assert calls == [1, 1]  # both layers through the torch pooled attention
+
+
+def _attend(*args):
+    from sage_rl.engine import attention
+
+    return attention.attend_pooled(*args)
