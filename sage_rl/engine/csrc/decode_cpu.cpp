@@ -245,5 +245,7 @@ Tensor decode_layers(Tensor h, const std::vector<Tensor>& w, Tensor pool, Tensor
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_layers", &decode_layers, "A float32 decode step over a DecodePool (decode_cpu.cpp)");
+  // Without the GIL, as torch's own operations run: a step is tens of milliseconds.
+  m.def("decode_layers", &decode_layers, "A float32 decode step over a DecodePool (decode_cpu.cpp)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
 }
