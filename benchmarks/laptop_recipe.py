@@ -120,7 +120,8 @@ QUICK = [
 
 def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False) -> dict[str, Any]:
     """Every stage not done yet, up to the SFT models' evaluations (``until="sft"``), the SAGE
-    headline's stages only (``until="sage"``: no base, no library-free expert or SFT), or all;
+    headline's stages only (``until="sage"``: no base, no library-free expert or SFT; ``"sft_lib"``:
+    the headline's stages before RL, gpu_recipe's first half), or all;
     returns {"results": {model: {split: evaluation}}, "sft": {...}, "rl": {...}, "times": {...}}.
     ``parallel``: evaluations run two at a time in two processes: on 2 cores this beats one 2-thread
     process after another. Unless ``policy.threads`` is set, each samples on the cores the other
@@ -223,7 +224,9 @@ def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False)
         ("grpo_nolib", lambda: arm("grpo_nolib"), False),
         ("base", base, done("base")),
     ]
-    needed = {"sft": {"sft", "inline", "base"}, "sage": {"sft", "sage"}}.get(until, {p[0] for p in plan})
+    needed = {"sft": {"sft", "inline", "base"}, "sage": {"sft", "sage"}, "sft_lib": {"sft"}}.get(
+        until, {p[0] for p in plan}
+    )
     for key, stage, finished in plan:
         if key in needed or finished:  # a stage not asked for but done already (shared, earlier) is read back
             stage()

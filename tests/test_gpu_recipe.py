@@ -50,6 +50,10 @@ def test_rl_budget_by_hand(monkeypatch):
     assert budget is None and rule.endswith("RL not run")
     # no time left at all (the SFT evaluation alone overran): no RL either, not a negative budget
     assert bench.rl_budget(_sft_done(100.0), -50.0, cfg)[0] is None
+    # --until sage: one arm, whose two evaluations count 1.5 x eval sft: (600 - 150) s x 0.5 x 960 =
+    # 216,000 tokens, less one step: 162,105.
+    budget, rule = bench.rl_budget(_sft_done(100.0), 600.0, cfg, arms=1)
+    assert budget == 162105 and rule.startswith("left 600 s - 1.5 x eval sft 100 s = 450 s for RL")
 
 
 @pytest.mark.parametrize("deadline", [0.0, 3600.0], ids=["no-time-left", "time-for-rl"])
@@ -79,3 +83,20 @@ def test_quick_gpu_recipe(tmp_path, monkeypatch, deadline):
     assert row["budget_rule"].endswith(f"= {budget} tokens") and budget > 0
     for arm in ("sage", "grpo_lib", "grpo_nolib"):
         assert row[f"sampled_tokens_{arm}"] >= budget or row[f"rl_steps_{arm}"] == 3  # the toy step cap
+
+
+def test_quick_gpu_recipe_headline(tmp_path, monkeypatch):
+    """--until sage: the library SFT model, with and without its library, and SAGE alone, with the
+    whole time left as its budget; no base, no library-free expert, no GRPO arm."""
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "g"
+    row = _bench().main(
+        ["--quick", "--until", "sage", "--deadline-s", "3600", "--out", str(out), "--results", str(out)]
+    )
+    assert row["until"] == "sage" and row["models"] == ["sft", "sft_nolib", "sage", "sage_nolib"]
+    assert "heldout_tgc_sage_minus_sft" in row and row["heldout_tgc_sage_minus_sft_ci"] is not None
+    assert not any((out / d).exists() for d in ("grpo_lib", "grpo_nolib", "sft_inline", "expert_inline"))
+    assert not any(p.name.startswith("base_") for p in (out / "eval").iterdir())
+    assert row["budget_rule"].startswith("left ") and "1.5 x eval sft" in row["budget_rule"]
+    budget = row["sampled_token_budget"]
+    assert row["sampled_tokens_sage"] >= budget or row["rl_steps_sage"] == 3  # the toy step cap
