@@ -129,3 +129,22 @@ def _attend(*args):
     from sage_rl.engine import attention
 
     return attention.attend_pooled(*args)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9])
+def test_the_kernels_blocked_product_is_the_blocked_matmul(kernel, rows):
+    """``blocked_product`` (its own two-rows-at-a-time loop where the kernel is built for AVX2, torch's
+    matmul with AVX-512): the column blocks' product of ``packed.pack``, odd row counts and a K that
+    is no multiple of 8 included, within float32 rounding; the LM head's logits through it are
+    ``packed_linear``'s."""
+    from sage_rl.engine.packed import pack, packed_linear
+
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(96, 37, generator=g)
+    x = torch.randn(rows, 37, generator=g)
+    blocks = pack([w])
+    got = kernel.blocked_product(x, blocks)
+    assert got.shape == (3, rows, 32)
+    assert torch.allclose(got, torch.matmul(x, blocks), atol=1e-5, rtol=1e-5)
+    assert torch.allclose(native.head_logits(kernel, x, blocks), x @ w.T, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(native.head_logits(kernel, x, blocks), packed_linear(x, blocks), atol=1e-5)

@@ -245,6 +245,8 @@ class NativeRunner:
     def _logits(self, h_BD: torch.Tensor) -> torch.Tensor:
         h_BD = F.rms_norm(h_BD, h_BD.shape[-1:], self.norm, self.eps)
         if self.head_blocks is not None and h_BD.shape[0] <= MAX_ROWS:
+            if self.kernel_weights is not None:  # the kernel's product (its own under AVX2)
+                return native.head_logits(native.decode_kernel(), h_BD, self.head_blocks)
             return packed_linear(h_BD, self.head_blocks).float()
         return F.linear(h_BD, self.lm_head).float()
 

@@ -11,6 +11,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -111,6 +113,60 @@ void own_heads(const float* q0, const float* kp, const float* vp, int64_t n, flo
 
 const float* optional(const Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// R rows (x [R, K], row stride K) times one column block w [K, BLOCK]: y [R, BLOCK] (row stride
+// BLOCK), the 32 columns in four 8-wide accumulators per row, every weight read once per R rows.
+template <int R>
+void rows_times_block(const float* x, int64_t K, const float* w, float* y) {
+  __m256 a[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) a[r][c] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const float* wk = w + k * BLOCK;
+    _mm_prefetch(reinterpret_cast<const char*>(wk + 12 * BLOCK), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wk + 12 * BLOCK + 16), _MM_HINT_T0);
+    const __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
+    const __m256 w2 = _mm256_loadu_ps(wk + 16), w3 = _mm256_loadu_ps(wk + 24);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xb = _mm256_broadcast_ss(x + r * K + k);
+      a[r][0] = _mm256_fmadd_ps(xb, w0, a[r][0]);
+      a[r][1] = _mm256_fmadd_ps(xb, w1, a[r][1]);
+      a[r][2] = _mm256_fmadd_ps(xb, w2, a[r][2]);
+      a[r][3] = _mm256_fmadd_ps(xb, w3, a[r][3]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) _mm256_storeu_ps(y + r * BLOCK + c * 8, a[r][c]);
+}
+#endif
+
+// x [B, K] times column blocks w [N / BLOCK, K, BLOCK]: the blocked product [N / BLOCK, B, BLOCK].
+// With AVX-512, torch's matmul (MKL's kernels are at the weights' bandwidth there). With AVX2 only,
+// two rows at a time over each block, the blocks split among the threads: MKL's AVX2 path packs
+// each block into a buffer at every call, a fifth of a step's cycles on a Zen 3 (docs/LOG.md,
+// 2026-12-04), where a block read as it lies needs no copy.
+Tensor blocked_product(const Tensor& x, const Tensor& w) {
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+  const int64_t B = x.size(0), K = x.size(1), nb = w.size(0);
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && w.size(1) == K && w.size(2) == BLOCK,
+              "blocked_product: x [B, K] and blocks [N / ", BLOCK, ", K, ", BLOCK, "], contiguous");
+  Tensor y = at::empty({nb, B, BLOCK}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, nb, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      int64_t r = 0;
+      for (; r + 2 <= B; r += 2) rows_times_block<2>(xp + r * K, K, wp + j * K * BLOCK, yp + (j * B + r) * BLOCK);
+      if (r < B) rows_times_block<1>(xp + r * K, K, wp + j * K * BLOCK, yp + (j * B + r) * BLOCK);
+    }
+  });
+  return y;
+#else
+  return at::matmul(x, w);
+#endif
+}
+
 }  // namespace
 
 // h [B, D] float32, updated in place and returned. w: per layer 8 tensors, in order in_norm,
@@ -148,7 +204,7 @@ Tensor decode_layers(Tensor h, const std::vector<Tensor>& w, Tensor pool, Tensor
     float* kv = layer_kv.data_ptr<float>();
     // queries (rotated, scaled) in both layouts; keys (rotated) and values into the pool
     rms_norm(hp, lw[0].data_ptr<float>(), x.data_ptr<float>(), B, D, eps);
-    Tensor y = at::matmul(x, lw[2]);
+    Tensor y = blocked_product(x, lw[2]);
     const float* yp = y.data_ptr<float>();
     const float* bias = optional(lw[3]);
     float* qo = q_own.data_ptr<float>();
@@ -219,14 +275,14 @@ Tensor decode_layers(Tensor h, const std::vector<Tensor>& w, Tensor pool, Tensor
         }
     }
     // o projection and the residual
-    Tensor yo = at::matmul(a, lw[4]);
+    Tensor yo = blocked_product(a, lw[4]);
     const float* yop = yo.data_ptr<float>();
     const float* ob = optional(lw[5]);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t n = 0; n < D; ++n) hp[b * D + n] += blocked(yop, B, b, n) + (ob ? ob[n] : 0.f);
     // the MLP and its residual
     rms_norm(hp, lw[1].data_ptr<float>(), x.data_ptr<float>(), B, D, eps);
-    Tensor yg = at::matmul(x, lw[6]);
+    Tensor yg = blocked_product(x, lw[6]);
     const int64_t I = yg.size(0) * BLOCK / 2;
     const float* ygp = yg.data_ptr<float>();
     Tensor m = at::empty({B, I}, opt);
@@ -236,7 +292,7 @@ Tensor decode_layers(Tensor h, const std::vector<Tensor>& w, Tensor pool, Tensor
         const float gate = blocked(ygp, B, b, j), up = blocked(ygp, B, b, I + j);
         mp[b * I + j] = (gate / (1.f + std::exp(-gate))) * up;
       }
-    Tensor yd = at::matmul(m, lw[7]);
+    Tensor yd = blocked_product(m, lw[7]);
     const float* ydp = yd.data_ptr<float>();
     for (int64_t b = 0; b < B; ++b)
       for (int64_t n = 0; n < D; ++n) hp[b * D + n] += blocked(ydp, B, b, n);
@@ -247,5 +303,7 @@ Tensor decode_layers(Tensor h, const std::vector<Tensor>& w, Tensor pool, Tensor
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Without the GIL, as torch's own operations run: a step is tens of milliseconds.
   m.def("decode_layers", &decode_layers, "A float32 decode step over a DecodePool (decode_cpu.cpp)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("blocked_product", &blocked_product, "x [B, K] times column blocks [N / 32, K, 32]",
         pybind11::call_guard<pybind11::gil_scoped_release>());
 }
