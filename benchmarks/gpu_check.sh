@@ -7,8 +7,8 @@
 #   bash benchmarks/gpu_check.sh device1
 #   # device call 2 AT ONCE, on the same warm machine (it stays warm ~30 s; carry [".gpu/b"], <= 5 min):
 #   bash benchmarks/gpu_check.sh device2
-#   # or, as call 2: the SAGE - SFT headline on the GPU (gpu_recipe.py --until sage), then a short
-#   # engine bench with what is left (carry [".gpu/b"]; DEADLINE s for the recipe, default 400):
+#   # or, as call 2: the CUDA tests, the SAGE - SFT headline on the GPU (gpu_recipe.py --until sage),
+#   # then a short engine bench with what is left (carry [".gpu/b"]; DEADLINE s for the recipe, default 400):
 #   bash benchmarks/gpu_check.sh recipe [DEADLINE]
 #
 # Why two calls: the embedded SmolLM2-135M GGUF is 98 MB (a bf16 safetensors would be 270 MB).
@@ -55,9 +55,7 @@ device1)
   mkdir -p /tmp/gpu && cp .gpu/a/gguf.part /tmp/gpu/gguf.a
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
-  # the CUDA tests need no GGUF (tiny models): run here, so that call 2 has its time for the model
-  PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 timeout 150 python3 -m pytest -q -rfE -p no:cacheprovider \
-    tests/test_paged_engine.py tests/test_paged_store.py 2>&1 | tee "${OUT:-/tmp}/device1.log" || true
+  # (the CUDA tests run in call 2: their tiny model takes its tokenizer from the GGUF)
   echo "device1 done: call 2 (device2 or recipe) now"
   ;;
 device2)
@@ -73,6 +71,8 @@ recipe)
   # the sandbox starts python -s with a clean environment: it sees site-packages, not /tmp/site
   cp -r /tmp/site/. "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
   {
+    timeout 80 python3 -m pytest -q -rfE -p no:cacheprovider tests/test_paged_engine.py tests/test_paged_store.py \
+      || echo "CUDA tests FAILED"
     timeout $((deadline + 60)) python3 benchmarks/gpu_recipe.py --until sage --deadline-s "$deadline" \
       --out /tmp/gpu_recipe --results "$OUT" || echo "gpu_recipe FAILED"
     tail -c 20000 /tmp/gpu_recipe/sage/metrics.jsonl > "$OUT/sage_metrics.jsonl" 2>/dev/null || true

@@ -130,10 +130,3 @@ def decode_step(
         h_BD, weights, runner.pool.kv, cos[0].contiguous(), sin[0].contiguous(), slots_B, starts_B,
         prefix, source, runner.heads, runner.eps, runner.scaling,
     )  # fmt: skip
-
-
-def head_logits(kernel: Any, h_BD: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """The LM head's logits ``[B, V]`` from its column blocks through the kernel's product
-    (``packed.packed_linear``'s result)."""
-    y = kernel.blocked_product(h_BD.contiguous(), blocks)  # [V / BLOCK, B, BLOCK]
-    return y.transpose(0, 1).reshape(h_BD.shape[0], -1)

@@ -34,9 +34,12 @@ def pack(weights: list[torch.Tensor]) -> torch.Tensor | None:
     return w.detach().reshape(n // BLOCK, BLOCK, k).transpose(1, 2).contiguous()
 
 
-def packed_linear(x_TK: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W.T (+ bias)`` for ``blocks = pack([W])``: ``[T, N]``."""
-    y_BTC = torch.matmul(x_TK, blocks)  # [N / BLOCK, T, BLOCK]
+def packed_linear(
+    x_TK: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None = None, product=torch.matmul
+) -> torch.Tensor:
+    """``x @ W.T (+ bias)`` for ``blocks = pack([W])``: ``[T, N]``. ``product`` computes the blocked
+    product ``[N / BLOCK, T, BLOCK]`` (the compiled kernel's ``blocked_product`` where it applies)."""
+    y_BTC = product(x_TK, blocks)  # [N / BLOCK, T, BLOCK]
     y_TN = y_BTC.transpose(0, 1).reshape(x_TK.shape[0], -1)
     return y_TN if bias is None else y_TN + bias
 

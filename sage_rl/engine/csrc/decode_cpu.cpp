@@ -113,7 +113,12 @@ void own_heads(const float* q0, const float* kp, const float* vp, int64_t n, flo
 
 const float* optional(const Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
 
+// Built for AVX2 without AVX-512 (x86-64-v3): the products of column blocks are our own loop.
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define SAGE_OWN_PRODUCT 1
+#endif
+
+#ifdef SAGE_OWN_PRODUCT
 // R rows (x [R, K], row stride K) times one column block w [K, BLOCK]: y [R, BLOCK] (row stride
 // BLOCK), the 32 columns in four 8-wide accumulators per row, every weight read once per R rows.
 template <int R>
@@ -146,7 +151,7 @@ void rows_times_block(const float* x, int64_t K, const float* w, float* y) {
 // each block into a buffer at every call, a fifth of a step's cycles on a Zen 3 (docs/LOG.md,
 // 2026-12-04), where a block read as it lies needs no copy.
 Tensor blocked_product(const Tensor& x, const Tensor& w) {
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#ifdef SAGE_OWN_PRODUCT
   const int64_t B = x.size(0), K = x.size(1), nb = w.size(0);
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && w.size(1) == K && w.size(2) == BLOCK,
               "blocked_product: x [B, K] and blocks [N / ", BLOCK, ", K, ", BLOCK, "], contiguous");
