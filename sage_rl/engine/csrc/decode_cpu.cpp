@@ -1,13 +1,14 @@
 // The float32 decode step of a Llama-family model on a CPU, all layers in one call (issue 29).
 //
 // The same computation as NativeRunner._forward + attention.attend_pooled for one new token per
-// row, the rows' caches being slots of one DecodePool: the matrix products stay torch's (the
-// column-blocked products of engine/packed.py, at their weights' bandwidth already), and what lay
-// between them, ~160 small torch operations a layer, becomes a few loops here: the norms, the
-// rotary embedding and the cache write in one pass, each row's own positions' attention with the
-// softmax over [shared prefix | own positions] in one task per (row, KV head), the residual adds
-// and SiLU(gate) * up read straight out of the blocked products' layout. See docs/LOG.md
-// (2026-12-03, twenty-seventh session) for what it measured.
+// row, the rows' caches being slots of one DecodePool: the matrix products are the column-blocked
+// products of engine/packed.py (torch's, or under AVX2 our own few-row loop), and what lay between
+// them, ~160 small torch operations a layer, becomes a few loops here: the norms, the rotary
+// embedding and the cache write in one pass; attention in one task per (KV head, row), over the
+// shared prefix and then the row's own positions, with one softmax over both (scores four keys at
+// a time, eight-lane exponentials, the values' sums in registers); the residual adds and
+// SiLU(gate) * up read straight out of the blocked products' layout. See docs/LOG.md (2026-12-03,
+// 2026-12-04: twenty-seventh to twenty-ninth sessions) for what it measured.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -61,54 +62,166 @@ void rms_norm(const float* h, const float* w, float* out, int64_t rows, int64_t 
   }
 }
 
-// In place over [shared (P) | own (n)] scores of one query head: their softmax.
-void softmax2(float* shared, int64_t P, float* own, int64_t n) {
-  float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-  for (int64_t l = 0; l < P; ++l) m = shared[l] > m ? shared[l] : m;
-#pragma omp simd reduction(max : m)
-  for (int64_t l = 0; l < n; ++l) m = own[l] > m ? own[l] : m;
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t l = 0; l < P; ++l) { float e = exp_le0(shared[l] - m); shared[l] = e; sum += e; }
-#pragma omp simd reduction(+ : sum)
-  for (int64_t l = 0; l < n; ++l) { float e = exp_le0(own[l] - m); own[l] = e; sum += e; }
-  const float inv = 1.f / sum;
-#pragma omp simd
-  for (int64_t l = 0; l < P; ++l) shared[l] *= inv;
-#pragma omp simd
-  for (int64_t l = 0; l < n; ++l) own[l] *= inv;
+// exp_le0 on eight lanes, the same operations in the same order (so each lane's result is the scalar one's).
+inline __m256 exp8_le0(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  const __m256 shift = _mm256_set1_ps(12582912.f);
+  const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), shift), shift);
+  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
+  r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-// Up to three query heads (gc) of one KV head over one row's own n positions (keys kp, values vp,
-// DH floats each): scores, the softmax with the shared prefix's scores (shared[g], P each, turned
-// into probabilities in place), and the own positions' share of the output (out[g]).
+// SiLU, g * sigmoid(g), with the exponential of -|g| only (exp_le0's domain): sigmoid is
+// 1 / (1 + e) for g >= 0 and e / (1 + e) below.
+inline float silu(float g) {
+  const float e = exp_le0(-std::fabs(g));
+  return g * ((std::signbit(g) ? e : 1.f) / (1.f + e));
+}
+
+inline __m256 silu8(__m256 g) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 e = exp8_le0(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_andnot_ps(_mm256_set1_ps(-0.f), g)));
+  return _mm256_mul_ps(g, _mm256_div_ps(_mm256_blendv_ps(one, e, g), _mm256_add_ps(one, e)));
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// The four lanes' sums of a, b, c, d: [sum a, sum b, sum c, sum d].
+inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+// In place over n scores of one query head: their softmax.
+void softmax(float* s, int64_t n) {
+  __m256 mv = _mm256_set1_ps(-INFINITY);
+  int64_t l = 0;
+  for (; l + 8 <= n; l += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + l));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, mv);
+  float m = *std::max_element(lanes, lanes + 8);
+  for (; l < n; ++l) m = std::max(m, s[l]);
+  const __m256 mb = _mm256_set1_ps(m);
+  __m256 sv = _mm256_setzero_ps();
+  for (l = 0; l + 8 <= n; l += 8) {
+    const __m256 e = exp8_le0(_mm256_sub_ps(_mm256_loadu_ps(s + l), mb));
+    _mm256_storeu_ps(s + l, e);
+    sv = _mm256_add_ps(sv, e);
+  }
+  float sum = hsum(sv);
+  for (; l < n; ++l) { s[l] = exp_le0(s[l] - m); sum += s[l]; }
+  const __m256 iv = _mm256_set1_ps(1.f / sum);
+  for (l = 0; l + 8 <= n; l += 8) _mm256_storeu_ps(s + l, _mm256_mul_ps(_mm256_loadu_ps(s + l), iv));
+  for (; l < n; ++l) s[l] *= 1.f / sum;
+}
+
+// A run of n positions of one KV head's cache: keys and values, DH floats each.
+struct Span {
+  const float* k;
+  const float* v;
+  int64_t n;
+};
+
+// Three query heads (qa, qb, qc; DH floats each) against the keys of a span: sa[l], sb[l], sc[l].
+// Four keys at a time, so that each query vector is loaded once per four keys and the sums of
+// twelve dot products come out of one shuffle tree.
 template <int DH>
-void own_heads(const float* q0, const float* kp, const float* vp, int64_t n, float* const* shared,
-               int64_t P, int gc, float* sc, float* const* out) {
+void scores3(const float* qa, const float* qb, const float* qc, const float* k, int64_t n, float* sa,
+             float* sb, float* sc) {
+  int64_t l = 0;
+  for (; l + 4 <= n; l += 4) {
+    const float* kl = k + l * DH;
+    __m256 acc[3][4];
+    for (int g = 0; g < 3; ++g)
+      for (int j = 0; j < 4; ++j) acc[g][j] = _mm256_setzero_ps();
+    for (int d = 0; d < DH; d += 8) {
+      const __m256 a = _mm256_loadu_ps(qa + d), b = _mm256_loadu_ps(qb + d), c = _mm256_loadu_ps(qc + d);
+      for (int j = 0; j < 4; ++j) {
+        const __m256 kv = _mm256_loadu_ps(kl + j * DH + d);
+        acc[0][j] = _mm256_fmadd_ps(a, kv, acc[0][j]);
+        acc[1][j] = _mm256_fmadd_ps(b, kv, acc[1][j]);
+        acc[2][j] = _mm256_fmadd_ps(c, kv, acc[2][j]);
+      }
+    }
+    _mm_storeu_ps(sa + l, hsum4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]));
+    _mm_storeu_ps(sb + l, hsum4(acc[1][0], acc[1][1], acc[1][2], acc[1][3]));
+    _mm_storeu_ps(sc + l, hsum4(acc[2][0], acc[2][1], acc[2][2], acc[2][3]));
+  }
+  for (; l < n; ++l) {
+    const float* kl = k + l * DH;
+    __m256 a = _mm256_setzero_ps(), b = a, c = a;
+    for (int d = 0; d < DH; d += 8) {
+      const __m256 kv = _mm256_loadu_ps(kl + d);
+      a = _mm256_fmadd_ps(_mm256_loadu_ps(qa + d), kv, a);
+      b = _mm256_fmadd_ps(_mm256_loadu_ps(qb + d), kv, b);
+      c = _mm256_fmadd_ps(_mm256_loadu_ps(qc + d), kv, c);
+    }
+    sa[l] = hsum(a);
+    sb[l] = hsum(b);
+    sc[l] = hsum(c);
+  }
+}
+
+// Columns d0..d0+31 of three heads' outputs (oa, ob, oc): the value rows of the spans (row
+// stride DH), weighted by the heads' probabilities (pa, pb, pc: the spans' positions in order).
+// Twelve named accumulators (in an array the compiler spilled them at every row).
+void values3_32(const float* pa, const float* pb, const float* pc, const Span* spans, int ns, int64_t d0,
+                int64_t DH, float* oa, float* ob, float* oc) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+  for (int i = 0; i < ns; ++i) {
+    const float* v = spans[i].v + d0;
+    for (int64_t l = 0; l < spans[i].n; ++l, v += DH) {
+      const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+      const __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+      __m256 p = _mm256_broadcast_ss(pa + l);
+      a0 = _mm256_fmadd_ps(p, v0, a0), a1 = _mm256_fmadd_ps(p, v1, a1);
+      a2 = _mm256_fmadd_ps(p, v2, a2), a3 = _mm256_fmadd_ps(p, v3, a3);
+      p = _mm256_broadcast_ss(pb + l);
+      b0 = _mm256_fmadd_ps(p, v0, b0), b1 = _mm256_fmadd_ps(p, v1, b1);
+      b2 = _mm256_fmadd_ps(p, v2, b2), b3 = _mm256_fmadd_ps(p, v3, b3);
+      p = _mm256_broadcast_ss(pc + l);
+      c0 = _mm256_fmadd_ps(p, v0, c0), c1 = _mm256_fmadd_ps(p, v1, c1);
+      c2 = _mm256_fmadd_ps(p, v2, c2), c3 = _mm256_fmadd_ps(p, v3, c3);
+    }
+    pa += spans[i].n, pb += spans[i].n, pc += spans[i].n;
+  }
+  // oa, ob, oc may be one place (fewer than three heads): the first head's numbers are stored last
+  oc += d0, ob += d0, oa += d0;
+  _mm256_storeu_ps(oc, c0), _mm256_storeu_ps(oc + 8, c1), _mm256_storeu_ps(oc + 16, c2), _mm256_storeu_ps(oc + 24, c3);
+  _mm256_storeu_ps(ob, b0), _mm256_storeu_ps(ob + 8, b1), _mm256_storeu_ps(ob + 16, b2), _mm256_storeu_ps(ob + 24, b3);
+  _mm256_storeu_ps(oa, a0), _mm256_storeu_ps(oa + 8, a1), _mm256_storeu_ps(oa + 16, a2), _mm256_storeu_ps(oa + 24, a3);
+}
+
+// Up to three query heads (gc; queries q0, DH floats each) of one KV head over its positions in
+// the spans (the shared prefix, then the row's own): scores into sc (3 x the spans' length), one
+// softmax per head over all of them, and the heads' outputs (out[g], DH floats).
+template <int DH>
+void attend3(const float* q0, int gc, const Span* spans, int ns, float* sc, float* const* out) {
   const float* qa = q0;
   const float* qb = q0 + (gc > 1 ? DH : 0);
   const float* qc = q0 + (gc > 2 ? 2 * DH : 0);
-  for (int64_t l = 0; l < n; ++l) {  // each key read once for the three heads
-    const float* k = kp + l * DH;
-    float d0 = 0.f, d1 = 0.f, d2 = 0.f;
-#pragma omp simd reduction(+ : d0, d1, d2)
-    for (int d = 0; d < DH; ++d) { d0 += qa[d] * k[d]; d1 += qb[d] * k[d]; d2 += qc[d] * k[d]; }
-    sc[l] = d0;
-    sc[n + l] = d1;
-    sc[2 * n + l] = d2;
-  }
-  for (int g = 0; g < gc; ++g) softmax2(shared[g], P, sc + g * n, n);
-  float a0[DH] = {0}, a1[DH] = {0}, a2[DH] = {0};
-  for (int64_t l = 0; l < n; ++l) {  // each value read once for the three heads
-    const float* v = vp + l * DH;
-    const float p0 = sc[l], p1 = sc[n + l], p2 = sc[2 * n + l];
-#pragma omp simd
-    for (int d = 0; d < DH; ++d) { a0[d] += p0 * v[d]; a1[d] += p1 * v[d]; a2[d] += p2 * v[d]; }
-  }
-  std::copy(a0, a0 + DH, out[0]);
-  if (gc > 1) std::copy(a1, a1 + DH, out[1]);
-  if (gc > 2) std::copy(a2, a2 + DH, out[2]);
+  int64_t total = 0;
+  for (int i = 0; i < ns; ++i) total += spans[i].n;
+  float* s[3] = {sc, sc + total, sc + 2 * total};
+  for (int64_t i = 0, at = 0; i < ns; at += spans[i].n, ++i)
+    scores3<DH>(qa, qb, qc, spans[i].k, spans[i].n, s[0] + at, s[1] + at, s[2] + at);
+  for (int g = 0; g < gc; ++g) softmax(s[g], total);
+  float* o[3] = {out[0], out[gc > 1 ? 1 : 0], out[gc > 2 ? 2 : 0]};
+  for (int64_t d0 = 0; d0 < DH; d0 += 32) values3_32(s[0], s[1], s[2], spans, ns, d0, DH, o[0], o[1], o[2]);
 }
 
 const float* optional(const Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
@@ -196,7 +309,6 @@ Tensor decode_layers(Tensor h, const std::vector<Tensor>& w, Tensor pool, Tensor
   const auto opt = h.options();
   Tensor x = at::empty({B, D}, opt), a = at::empty({B, H * Dh}, opt);
   Tensor q_own = at::empty({S * KV, G, Dh}, opt);           // by (slot, head)
-  Tensor q_sh = at::zeros({KV, S * G, Dh}, opt);            // by (KV head, slot, group)
   float* hp = h.data_ptr<float>();
   float* ap = a.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
@@ -213,7 +325,6 @@ Tensor decode_layers(Tensor h, const std::vector<Tensor>& w, Tensor pool, Tensor
     const float* yp = y.data_ptr<float>();
     const float* bias = optional(lw[3]);
     float* qo = q_own.data_ptr<float>();
-    float* qs = q_sh.data_ptr<float>();
     for (int64_t b = 0; b < B; ++b) {
       const float *cb = cp + b * Dh, *sb = sp + b * Dh;
       const int64_t s = slots[b];
@@ -230,8 +341,7 @@ Tensor decode_layers(Tensor h, const std::vector<Tensor>& w, Tensor pool, Tensor
         if (head < H) {
           const int64_t k = head / G, g = head % G;
           float* d1 = qo + ((s * KV + k) * G + g) * Dh;
-          float* d2 = qs + ((k * S + s) * G + g) * Dh;
-          for (int64_t d = 0; d < Dh; ++d) d1[d] = d2[d] = r[d] * static_cast<float>(scaling);
+          for (int64_t d = 0; d < Dh; ++d) d1[d] = r[d] * static_cast<float>(scaling);
         } else {
           const bool value = head >= H + KV;
           const int64_t k = head - H - (value ? KV : 0);
@@ -240,45 +350,26 @@ Tensor decode_layers(Tensor h, const std::vector<Tensor>& w, Tensor pool, Tensor
         }
       }
     }
-    // the shared prefix: all rows' queries of a KV head against its keys, one product
-    Tensor s_sh;
-    float* ss = nullptr;
-    if (P) {
-      s_sh = at::bmm(q_sh, layer_kv[0][source].narrow(1, 0, P).transpose(1, 2));  // [KV, S*G, P]
-      ss = s_sh.data_ptr<float>();
-    }
-    // each row's own positions, one task per (row, KV head)
-    at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> sc(3 * (L - P + 1));
-      float none[1] = {0.f};
+    // attention, one task per (KV head, row): the KV head's shared prefix (read from slot `source`,
+    // the same for every row, so that the tasks of one KV head, run together, find it in cache),
+    // then the row's own positions
+    at::parallel_for(0, KV * B, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> sc(3 * L);
       for (int64_t task = begin; task < end; ++task) {
-        const int64_t b = task / KV, k = task % KV, s = slots[b], n = pos[b] + 1 - P;
-        const float* kp = kv + s * slot_stride + (k * C + P) * Dh;
-        const float* vp = kv + half_stride + s * slot_stride + (k * C + P) * Dh;
+        const int64_t k = task / B, b = task % B, s = slots[b];
+        const int64_t shared_at = source * slot_stride + k * C * Dh, own_at = s * slot_stride + (k * C + P) * Dh;
+        const Span spans[2] = {{kv + shared_at, kv + half_stride + shared_at, P},
+                               {kv + own_at, kv + half_stride + own_at, pos[b] + 1 - P}};
         for (int64_t g0 = 0; g0 < G; g0 += 3) {
           const int gc = static_cast<int>(std::min<int64_t>(3, G - g0));
-          const float* q0 = q_own.data_ptr<float>() + ((s * KV + k) * G + g0) * Dh;
-          float *shared[3], *out[3];
-          for (int j = 0; j < 3; ++j) {
-            const int64_t g = g0 + std::min(j, gc - 1);
-            shared[j] = P ? ss + ((k * S + s) * G + g) * P : none;
-            out[j] = ap + b * H * Dh + (k * G + g) * Dh;
-          }
-          if (Dh == 64) own_heads<64>(q0, kp, vp, n, shared, P, gc, sc.data(), out);
-          else own_heads<128>(q0, kp, vp, n, shared, P, gc, sc.data(), out);
+          const float* q0 = qo + ((s * KV + k) * G + g0) * Dh;
+          float* out[3];
+          for (int j = 0; j < gc; ++j) out[j] = ap + b * H * Dh + (k * G + g0 + j) * Dh;
+          if (Dh == 64) attend3<64>(q0, gc, spans + (P ? 0 : 1), P ? 2 : 1, sc.data(), out);
+          else attend3<128>(q0, gc, spans + (P ? 0 : 1), P ? 2 : 1, sc.data(), out);
         }
       }
     });
-    if (P) {  // the shared prefix's values, added to the own positions' share
-      Tensor o_sh = at::bmm(s_sh, layer_kv[1][source].narrow(1, 0, P));  // [KV, S*G, Dh]
-      const float* os = o_sh.data_ptr<float>();
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t head = 0; head < H; ++head) {
-          const float* add = os + (((head / G) * S + slots[b]) * G + head % G) * Dh;
-          float* dst = ap + (b * H + head) * Dh;
-          for (int64_t d = 0; d < Dh; ++d) dst[d] += add[d];
-        }
-    }
     // o projection and the residual
     Tensor yo = blocked_product(a, lw[4]);
     const float* yop = yo.data_ptr<float>();
@@ -292,11 +383,14 @@ Tensor decode_layers(Tensor h, const std::vector<Tensor>& w, Tensor pool, Tensor
     const float* ygp = yg.data_ptr<float>();
     Tensor m = at::empty({B, I}, opt);
     float* mp = m.data_ptr<float>();
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t j = 0; j < I; ++j) {
-        const float gate = blocked(ygp, B, b, j), up = blocked(ygp, B, b, I + j);
-        mp[b * I + j] = (gate / (1.f + std::exp(-gate))) * up;
-      }
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t j = 0;
+      if (I % BLOCK == 0)  // eight columns at a time, within one block of gate and one of up
+        for (; j < I; j += 8)
+          _mm256_storeu_ps(mp + b * I + j, _mm256_mul_ps(silu8(_mm256_loadu_ps(&ygp[((j / BLOCK) * B + b) * BLOCK + j % BLOCK])),
+                                                         _mm256_loadu_ps(&ygp[(((I + j) / BLOCK) * B + b) * BLOCK + j % BLOCK])));
+      for (; j < I; ++j) mp[b * I + j] = silu(blocked(ygp, B, b, j)) * blocked(ygp, B, b, I + j);
+    }
     Tensor yd = blocked_product(m, lw[7]);
     const float* ydp = yd.data_ptr<float>();
     for (int64_t b = 0; b < B; ++b)
