@@ -171,11 +171,33 @@ def test_messages_are_rendered_when_no_prompt_ids(tiny, prompts):
     assert by_messages.prompt_tokens == len(prompts[0])
 
 
-def test_a_failing_batch_fails_its_requests_and_the_policy_keeps_serving(tiny, prompts):
+def test_a_failing_batch_fails_its_requests_and_the_policy_keeps_serving(tiny, prompts, monkeypatch):
     policy = TransformersPolicy(*tiny)
-    with pytest.raises(IndexError):
-        asyncio.run(policy.generate(_req([10**6], GREEDY)))  # id beyond the vocabulary
+    admit = policy.engine.admit
+
+    def broken(new):
+        monkeypatch.setattr(policy.engine, "admit", admit)  # once
+        raise RuntimeError("the engine broke")
+
+    monkeypatch.setattr(policy.engine, "admit", broken)
+    with pytest.raises(RuntimeError, match="the engine broke"):
+        asyncio.run(policy.generate(_req(prompts[1], GREEDY)))
     assert len(asyncio.run(policy.generate(_req(prompts[0], GREEDY))).token_ids) == 12
+
+
+@pytest.mark.parametrize("bad", [-1, "vocab"])
+def test_a_prompt_id_outside_the_vocabulary_fails_alone_with_a_clear_error(tiny, prompts, bad):
+    policy = TransformersPolicy(*tiny)
+    bad = policy.vocab if bad == "vocab" else bad
+    requests = [_req(prompts[0], GREEDY), _req((*prompts[1][:3], bad), GREEDY), _req(prompts[2], GREEDY)]
+
+    async def go():
+        return await asyncio.gather(*[policy.generate(r) for r in requests], return_exceptions=True)
+
+    good, failed, other = asyncio.run(go())
+    assert isinstance(failed, ValueError) and f"prompt token id {bad} (at 3)" in str(failed)
+    want = _one_by_one(TransformersPolicy(*tiny), [requests[0], requests[2]])
+    assert [good.token_ids, other.token_ids] == [w.token_ids for w in want]  # the batch went on without it
 
 
 def test_cancelled_requests_are_not_sampled(tiny, prompts):

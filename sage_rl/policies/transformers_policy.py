@@ -167,6 +167,7 @@ class TransformersPolicy:
         self.stop_ids = tuple(stop_ids) if stop_ids is not None else self.renderer.stop_ids
         self.name = name or f"transformers:{getattr(model.config, 'name_or_path', '') or 'model'}"
         self.dtype = resolve_dtype(dtype, model)
+        self.vocab = model.get_input_embeddings().num_embeddings  # the ids a prompt may hold
         self.threads = ThreadPolicy(threads)
         with torch.inference_mode():
             # "auto": the paged engine (device-resident store, CUDA graphs) on CUDA, else Engine
@@ -196,6 +197,12 @@ class TransformersPolicy:
             ids = self.renderer.prompt_ids(request.messages)
         if not ids:
             raise ValueError("empty prompt: a request needs prompt_ids or messages")
+        if min(ids) < 0 or max(ids) >= self.vocab:  # checked here: in a batch it would fail every row
+            bad = next(t for t in ids if not 0 <= t < self.vocab)
+            raise ValueError(
+                f"prompt token id {bad} (at {ids.index(bad)}) is outside the model's {self.vocab} embeddings "
+                "(a tokenizer with more ids than the model?); nothing was sampled"
+            )
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         with self._lock:
             self._pending.append(_Pending(ids, request.params, self._child_seed(request.params.seed), future))
