@@ -1,6 +1,6 @@
 """The compiled CPU decode step (engine/native.py, csrc/decode_cpu.cpp): the torch path's numbers
 (logits and cache contents) for rows that share a prefix or not, sit in their slots in order or
-not, with q/k/v biases, 1 to 4 query heads per KV head and head sizes 64 and 128; and the torch
+not, with q/k/v biases, 1 to 5 query heads per KV head and head sizes 64 and 128; and the torch
 path wherever it cannot be built or is turned off."""
 
 from __future__ import annotations
@@ -54,9 +54,10 @@ def kernel():
 
 @pytest.mark.parametrize(
     "kind,heads,kv_heads,head_dim,intermediate",
+    # query heads a KV head: 3 (one group), 4 (3 + 1), 1, 2, 5 twice (3 + 2, two KV heads);
     # 80: the MLP's gate and up halves not whole blocks of 32 columns (the kernel's one-by-one SiLU)
     [("llama", 3, 1, 64, 96), ("llama", 4, 1, 64, 96), ("qwen2", 2, 2, 64, 96), ("llama", 2, 1, 128, 96),
-     ("llama", 3, 1, 64, 80)],
+     ("qwen2", 10, 2, 64, 96), ("llama", 3, 1, 64, 80)],
 )  # fmt: skip
 def test_the_kernel_gives_the_torch_paths_numbers(
     kernel, monkeypatch, kind, heads, kv_heads, head_dim, intermediate

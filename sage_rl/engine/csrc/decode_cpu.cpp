@@ -5,10 +5,11 @@
 // products of engine/packed.py (torch's, or under AVX2 our own few-row loop), and what lay between
 // them, ~160 small torch operations a layer, becomes a few loops here: the norms, the rotary
 // embedding and the cache write in one pass; attention in one task per (KV head, row), over the
-// shared prefix and then the row's own positions, with one softmax over both (scores four keys at
-// a time, eight-lane exponentials, the values' sums in registers); the residual adds and
+// shared prefix and then the row's own positions, with one softmax over both (a KV head's query
+// heads in groups of three, then one or two; scores four keys at a time, eight-lane
+// exponentials, the values' sums in registers); the residual adds and
 // SiLU(gate) * up read straight out of the blocked products' layout. See docs/LOG.md (2026-12-03,
-// 2026-12-04: twenty-seventh to twenty-ninth sessions) for what it measured.
+// 2026-12-04: twenty-seventh to thirtieth sessions) for what it measured.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -135,51 +136,45 @@ struct Span {
   int64_t n;
 };
 
-// Three query heads (qa, qb, qc; DH floats each) against the keys of a span: sa[l], sb[l], sc[l].
+// NH (1 to 3) query heads (q[g], DH floats each) against the keys of a span: scores s[g][l].
 // Four keys at a time, so that each query vector is loaded once per four keys and the sums of
-// twelve dot products come out of one shuffle tree.
-template <int DH>
-void scores3(const float* qa, const float* qb, const float* qc, const float* k, int64_t n, float* sa,
-             float* sb, float* sc) {
+// the dot products come out of one shuffle tree per head.
+template <int DH, int NH>
+void scores(const float* const* q, const float* k, int64_t n, float* const* s) {
   int64_t l = 0;
   for (; l + 4 <= n; l += 4) {
     const float* kl = k + l * DH;
-    __m256 acc[3][4];
-    for (int g = 0; g < 3; ++g)
+    __m256 acc[NH][4];
+    for (int g = 0; g < NH; ++g)
       for (int j = 0; j < 4; ++j) acc[g][j] = _mm256_setzero_ps();
     for (int d = 0; d < DH; d += 8) {
-      const __m256 a = _mm256_loadu_ps(qa + d), b = _mm256_loadu_ps(qb + d), c = _mm256_loadu_ps(qc + d);
+      __m256 qd[NH];
+      for (int g = 0; g < NH; ++g) qd[g] = _mm256_loadu_ps(q[g] + d);
       for (int j = 0; j < 4; ++j) {
         const __m256 kv = _mm256_loadu_ps(kl + j * DH + d);
-        acc[0][j] = _mm256_fmadd_ps(a, kv, acc[0][j]);
-        acc[1][j] = _mm256_fmadd_ps(b, kv, acc[1][j]);
-        acc[2][j] = _mm256_fmadd_ps(c, kv, acc[2][j]);
+        for (int g = 0; g < NH; ++g) acc[g][j] = _mm256_fmadd_ps(qd[g], kv, acc[g][j]);
       }
     }
-    _mm_storeu_ps(sa + l, hsum4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]));
-    _mm_storeu_ps(sb + l, hsum4(acc[1][0], acc[1][1], acc[1][2], acc[1][3]));
-    _mm_storeu_ps(sc + l, hsum4(acc[2][0], acc[2][1], acc[2][2], acc[2][3]));
+    for (int g = 0; g < NH; ++g) _mm_storeu_ps(s[g] + l, hsum4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]));
   }
   for (; l < n; ++l) {
     const float* kl = k + l * DH;
-    __m256 a = _mm256_setzero_ps(), b = a, c = a;
+    __m256 acc[NH];
+    for (int g = 0; g < NH; ++g) acc[g] = _mm256_setzero_ps();
     for (int d = 0; d < DH; d += 8) {
       const __m256 kv = _mm256_loadu_ps(kl + d);
-      a = _mm256_fmadd_ps(_mm256_loadu_ps(qa + d), kv, a);
-      b = _mm256_fmadd_ps(_mm256_loadu_ps(qb + d), kv, b);
-      c = _mm256_fmadd_ps(_mm256_loadu_ps(qc + d), kv, c);
+      for (int g = 0; g < NH; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g] + d), kv, acc[g]);
     }
-    sa[l] = hsum(a);
-    sb[l] = hsum(b);
-    sc[l] = hsum(c);
+    for (int g = 0; g < NH; ++g) s[g][l] = hsum(acc[g]);
   }
 }
 
-// Columns d0..d0+31 of three heads' outputs (oa, ob, oc): the value rows of the spans (row
-// stride DH), weighted by the heads' probabilities (pa, pb, pc: the spans' positions in order).
-// Twelve named accumulators (in an array the compiler spilled them at every row).
-void values3_32(const float* pa, const float* pb, const float* pc, const Span* spans, int ns, int64_t d0,
-                int64_t DH, float* oa, float* ob, float* oc) {
+// Columns d0..d0+31 of NH heads' outputs (o[g]): the value rows of the spans (row stride DH),
+// weighted by the heads' probabilities (p[g]: the spans' positions in order). Named accumulators
+// (in an array the compiler spilled them at every row); a head past NH costs nothing.
+template <int NH>
+void values_32(const float* const* p, const Span* spans, int ns, int64_t d0, int64_t DH, float* const* o) {
+  const float *pa = p[0], *pb = p[NH > 1 ? 1 : 0], *pc = p[NH > 2 ? 2 : 0];
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
   __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
   for (int i = 0; i < ns; ++i) {
@@ -187,41 +182,59 @@ void values3_32(const float* pa, const float* pb, const float* pc, const Span* s
     for (int64_t l = 0; l < spans[i].n; ++l, v += DH) {
       const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
       const __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
-      __m256 p = _mm256_broadcast_ss(pa + l);
-      a0 = _mm256_fmadd_ps(p, v0, a0), a1 = _mm256_fmadd_ps(p, v1, a1);
-      a2 = _mm256_fmadd_ps(p, v2, a2), a3 = _mm256_fmadd_ps(p, v3, a3);
-      p = _mm256_broadcast_ss(pb + l);
-      b0 = _mm256_fmadd_ps(p, v0, b0), b1 = _mm256_fmadd_ps(p, v1, b1);
-      b2 = _mm256_fmadd_ps(p, v2, b2), b3 = _mm256_fmadd_ps(p, v3, b3);
-      p = _mm256_broadcast_ss(pc + l);
-      c0 = _mm256_fmadd_ps(p, v0, c0), c1 = _mm256_fmadd_ps(p, v1, c1);
-      c2 = _mm256_fmadd_ps(p, v2, c2), c3 = _mm256_fmadd_ps(p, v3, c3);
+      __m256 w = _mm256_broadcast_ss(pa + l);
+      a0 = _mm256_fmadd_ps(w, v0, a0), a1 = _mm256_fmadd_ps(w, v1, a1);
+      a2 = _mm256_fmadd_ps(w, v2, a2), a3 = _mm256_fmadd_ps(w, v3, a3);
+      if constexpr (NH > 1) {
+        w = _mm256_broadcast_ss(pb + l);
+        b0 = _mm256_fmadd_ps(w, v0, b0), b1 = _mm256_fmadd_ps(w, v1, b1);
+        b2 = _mm256_fmadd_ps(w, v2, b2), b3 = _mm256_fmadd_ps(w, v3, b3);
+      }
+      if constexpr (NH > 2) {
+        w = _mm256_broadcast_ss(pc + l);
+        c0 = _mm256_fmadd_ps(w, v0, c0), c1 = _mm256_fmadd_ps(w, v1, c1);
+        c2 = _mm256_fmadd_ps(w, v2, c2), c3 = _mm256_fmadd_ps(w, v3, c3);
+      }
     }
     pa += spans[i].n, pb += spans[i].n, pc += spans[i].n;
   }
-  // oa, ob, oc may be one place (fewer than three heads): the first head's numbers are stored last
-  oc += d0, ob += d0, oa += d0;
-  _mm256_storeu_ps(oc, c0), _mm256_storeu_ps(oc + 8, c1), _mm256_storeu_ps(oc + 16, c2), _mm256_storeu_ps(oc + 24, c3);
-  _mm256_storeu_ps(ob, b0), _mm256_storeu_ps(ob + 8, b1), _mm256_storeu_ps(ob + 16, b2), _mm256_storeu_ps(ob + 24, b3);
+  float* oa = o[0] + d0;
   _mm256_storeu_ps(oa, a0), _mm256_storeu_ps(oa + 8, a1), _mm256_storeu_ps(oa + 16, a2), _mm256_storeu_ps(oa + 24, a3);
+  if constexpr (NH > 1) {
+    float* ob = o[1] + d0;
+    _mm256_storeu_ps(ob, b0), _mm256_storeu_ps(ob + 8, b1), _mm256_storeu_ps(ob + 16, b2), _mm256_storeu_ps(ob + 24, b3);
+  }
+  if constexpr (NH > 2) {
+    float* oc = o[2] + d0;
+    _mm256_storeu_ps(oc, c0), _mm256_storeu_ps(oc + 8, c1), _mm256_storeu_ps(oc + 16, c2), _mm256_storeu_ps(oc + 24, c3);
+  }
 }
 
-// Up to three query heads (gc; queries q0, DH floats each) of one KV head over its positions in
-// the spans (the shared prefix, then the row's own): scores into sc (3 x the spans' length), one
-// softmax per head over all of them, and the heads' outputs (out[g], DH floats).
-template <int DH>
-void attend3(const float* q0, int gc, const Span* spans, int ns, float* sc, float* const* out) {
-  const float* qa = q0;
-  const float* qb = q0 + (gc > 1 ? DH : 0);
-  const float* qc = q0 + (gc > 2 ? 2 * DH : 0);
+// NH query heads (queries q0, DH floats each, one after another) of one KV head over its
+// positions in the spans (the shared prefix, then the row's own): scores into sc (NH x the spans'
+// length), one softmax per head over all of them, and the heads' outputs (out[g], DH floats).
+template <int DH, int NH>
+void attend(const float* q0, const Span* spans, int ns, float* sc, float* const* out) {
   int64_t total = 0;
   for (int i = 0; i < ns; ++i) total += spans[i].n;
-  float* s[3] = {sc, sc + total, sc + 2 * total};
-  for (int64_t i = 0, at = 0; i < ns; at += spans[i].n, ++i)
-    scores3<DH>(qa, qb, qc, spans[i].k, spans[i].n, s[0] + at, s[1] + at, s[2] + at);
-  for (int g = 0; g < gc; ++g) softmax(s[g], total);
-  float* o[3] = {out[0], out[gc > 1 ? 1 : 0], out[gc > 2 ? 2 : 0]};
-  for (int64_t d0 = 0; d0 < DH; d0 += 32) values3_32(s[0], s[1], s[2], spans, ns, d0, DH, o[0], o[1], o[2]);
+  const float* q[NH];
+  float* s[NH];
+  for (int g = 0; g < NH; ++g) q[g] = q0 + g * DH, s[g] = sc + g * total;
+  for (int64_t i = 0, at = 0; i < ns; at += spans[i].n, ++i) {
+    float* si[NH];
+    for (int g = 0; g < NH; ++g) si[g] = s[g] + at;
+    scores<DH, NH>(q, spans[i].k, spans[i].n, si);
+  }
+  for (int g = 0; g < NH; ++g) softmax(s[g], total);
+  for (int64_t d0 = 0; d0 < DH; d0 += 32) values_32<NH>(s, spans, ns, d0, DH, out);
+}
+
+// Groups of three query heads of one KV head, then the rest (one or two) with as many lanes.
+template <int DH>
+void attend_group(const float* q0, int gc, const Span* spans, int ns, float* sc, float* const* out) {
+  if (gc == 3) attend<DH, 3>(q0, spans, ns, sc, out);
+  else if (gc == 2) attend<DH, 2>(q0, spans, ns, sc, out);
+  else attend<DH, 1>(q0, spans, ns, sc, out);
 }
 
 const float* optional(const Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
@@ -365,8 +378,8 @@ Tensor decode_layers(Tensor h, const std::vector<Tensor>& w, Tensor pool, Tensor
           const float* q0 = qo + ((s * KV + k) * G + g0) * Dh;
           float* out[3];
           for (int j = 0; j < gc; ++j) out[j] = ap + b * H * Dh + (k * G + g0 + j) * Dh;
-          if (Dh == 64) attend3<64>(q0, gc, spans + (P ? 0 : 1), P ? 2 : 1, sc.data(), out);
-          else attend3<128>(q0, gc, spans + (P ? 0 : 1), P ? 2 : 1, sc.data(), out);
+          if (Dh == 64) attend_group<64>(q0, gc, spans + (P ? 0 : 1), P ? 2 : 1, sc.data(), out);
+          else attend_group<128>(q0, gc, spans + (P ? 0 : 1), P ? 2 : 1, sc.data(), out);
         }
       }
     });
