@@ -39,11 +39,22 @@ def test_a_run_in_the_middle_of_its_stages(tmp_path):
     ])  # fmt: skip
     (out / "sage" / "config.yaml").write_text("steps: 40\nsampled_token_budget: 400000\n")
     (out / "grpo_lib").mkdir()
+    (out / "sft" / "resume").mkdir()
+    (out / "sft" / "resume" / "state.json").write_text(json.dumps({"step": 1, "losses": [1.6678]}))
+    _lines(out / "sft_inline" / "metrics.jsonl", [{"step": 1, "loss": 1.5}])
+    (out / "sft_inline" / "resume").mkdir()
+    (out / "sft_inline" / "resume" / "state.json").write_text('{"step": 1, "los')  # torn: no resume point
     _written_at(out)
+    _written_at(out / "sft" / "resume" / "state.json", T - 660)  # step 2 trained since
     got = {s.name: (s.state, s.detail) for s in stages(out, now=T + 90)}
     assert got["eval base train_heldout"] == ("done", "TGC 25.0%, SGC 10.0%, 270 tasks")
     assert got["collect"] == ("done", "879 examples from 300 scenarios")
-    assert got["sft"] == ("running", "step 2, loss 1.339; held-out 1.720 at step 0; last written 1 min ago")
+    assert got["sft"] == (
+        "running",
+        "step 2, loss 1.339; held-out 1.720 at step 0; last written 1 min ago"
+        "; resume point at step 1, written 12 min ago",
+    )
+    assert got["sft inline"] == ("running", "step 1, loss 1.500; last written 1 min ago")
     assert got["eval sft train_heldout"] == ("running", "7 scenarios finished; last written 1 min ago")
     assert got["eval sft dev"] == ("pending", "")
     assert got["collect inline"] == ("pending", "")

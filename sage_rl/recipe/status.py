@@ -11,11 +11,15 @@ Whether a started stage's process is still alive cannot be read off files (the r
 stopped with its session, or be running on another machine): a started, unfinished stage reads
 "running" while its folder was written to within :data:`STOPPED_AFTER`, else "stopped", and says
 when it was last written. Every phase of a stage writes well inside that time (an evaluation at each
-scenario, SFT at each step, an RL step at each group it finishes).
+scenario, SFT at each step, an RL step at each group it finishes). What a stop loses: an evaluation
+resumes at its next scenario and RL at its next group, but SFT at its last resume point
+(``output.save_every_s``), so a running SFT stage also says which step that point holds and how old
+it is: stop it just after a new one.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -201,7 +205,24 @@ def aged(stage: Stage, folder: Path, now: float) -> Stage:
         return stage
     age = now - newest
     state = "running" if age < STOPPED_AFTER else "stopped"
-    return replace(stage, state=state, detail=f"{stage.detail}; last written {_ago(age)} ago")
+    detail = f"{stage.detail}; last written {_ago(age)} ago"
+    point = resume_point(folder / "resume", now)
+    return replace(stage, state=state, detail=f"{detail}; {point}" if point else detail)
+
+
+def resume_point(folder: Path, now: float) -> str | None:
+    """Where a stopped SFT stage would resume (its ``resume/state.json``: train/sft_resume.py) and
+    how old that point is: a stop loses the steps after it. None where there is none or it cannot
+    be read."""
+    path = folder / "state.json"
+    try:
+        step = _object(json.loads(path.read_text(encoding="utf-8"))).get("step")
+        written = path.stat().st_mtime
+    except (OSError, ValueError):
+        return None
+    if not isinstance(step, int) or isinstance(step, bool):
+        return None
+    return f"resume point at step {step}, written {_ago(now - written)} ago"
 
 
 def stages(out: Path, now: float | None = None) -> list[Stage]:
