@@ -204,3 +204,21 @@ def test_a_run_stopped_in_its_first_step_is_started_again(tiny_dir, tmp_path):
     assert summary["steps"] == 1 and (out / "summary.json").is_file()
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1]
+
+
+def test_a_recipe_stopped_in_sft_by_a_signal_exits_130_saying_how_to_go_on(monkeypatch):
+    """``sage-rl train`` / ``sage-rl recipe``: SFT's stop on Ctrl-C or SIGTERM (after a step and its
+    resume point, train/sft_resume.py) is one line and exit 130, not click's bare "Aborted!"."""
+    import typer
+
+    from sage_rl import recipe
+    from sage_rl.cli.recipe import run_or_exit
+    from sage_rl.train.sft_resume import SFTStopped
+
+    def stopped(cfg, resume):
+        raise SFTStopped("SFT stopped by a signal after step 7 of 80; it resumes there")
+
+    monkeypatch.setattr(recipe, "run", stopped)
+    with pytest.raises(typer.Exit) as ended:
+        run_or_exit(load_config(TrainConfig, ROOT / "configs/quickstart.yaml", []), False)
+    assert ended.value.exit_code == 130

@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,9 +18,10 @@ import torch
 
 import sage_rl.train.sft as sft
 from sage_rl.agent.render import ChatRenderer
+from sage_rl.data.records import write_jsonl
 from sage_rl.train.sft_config import SFTConfig
-from sage_rl.train.sft_resume import ResumeError
-from tests.test_sft import examples
+from sage_rl.train.sft_resume import ResumeError, SFTStopped
+from tests.test_sft import REPO, examples
 
 
 class Interrupted(Exception):
@@ -165,3 +172,89 @@ def test_a_damaged_precision_record_names_the_file(tiny, tmp_path, monkeypatch):
     path.write_text(json.dumps({**json.loads(path.read_text()), "dtypes": "float32"}))
     with pytest.raises(ResumeError, match=r"state\.json is damaged"):
         train(tiny, config(run))
+
+
+def _signalling(sends: dict[int, list[int]]):
+    """A ``before_step`` that sends this process the signals ``sends[step]`` as that step starts."""
+    return lambda step: [os.kill(os.getpid(), s) for s in sends.get(step, [])]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_the_run_after_its_step_with_a_resume_point_there(tiny, tmp_path, signum):
+    whole_model, whole = train(tiny, config(tmp_path / "whole"))
+    run = tmp_path / "stopped"
+    before = signal.getsignal(signum)
+    model = copy.deepcopy(tiny[0])
+    # resume points every hour: the one written is the stop's
+    cfg, conversation = config(run, save_every_s=3600), ChatRenderer(tiny[1]).conversation
+    with pytest.raises(SFTStopped, match="after step 3 of .*it resumes there"):
+        sft.train_sft(
+            model, tiny[1], examples(8), cfg, conversation, False, before_step=_signalling({3: [signum]})
+        )
+    assert signal.getsignal(signum) == before  # the handler from before, back in place
+    assert json.loads((run / "resume" / "state.json").read_text())["step"] == 3  # the step in progress ended
+    resumed_model, resumed = train(tiny, config(run, save_every_s=3600))
+    assert (resumed.steps, resumed.last_loss) == (whole.steps, pytest.approx(whole.last_loss, abs=1e-6))
+    for (name, a), (_, b) in zip(
+        resumed_model.named_parameters(), whole_model.named_parameters(), strict=True
+    ):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_a_second_signal_stops_at_once_as_without_it(tiny, tmp_path):
+    run, before = tmp_path / "stopped", signal.getsignal(signal.SIGINT)
+    model, conversation = copy.deepcopy(tiny[0]), ChatRenderer(tiny[1]).conversation
+    sends = _signalling({3: [signal.SIGINT, signal.SIGINT]})  # the second raises in before_step
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        sft.train_sft(
+            model,
+            tiny[1],
+            examples(8),
+            config(run, save_every_s=3600),
+            conversation,
+            False,
+            before_step=sends,
+        )
+    assert not isinstance(stopped.value, SFTStopped)
+    assert not (run / "resume").exists()  # no point was due, and step 3 never ended
+    assert signal.getsignal(signal.SIGINT) == before
+
+
+def test_sage_rl_sft_stopped_by_sigterm_says_where_it_resumes(tiny, tmp_path):
+    """The command as a session's end stops it: SIGTERM mid-run, exit 130, a resume point at the step
+    it names, no traceback."""
+    tiny[0].save_pretrained(tmp_path / "tiny")
+    tiny[1].save_pretrained(tmp_path / "tiny")
+    write_jsonl(examples(6), tmp_path / "data.jsonl")
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable, "-c", "from sage_rl.cli import main; main()", "sft", str(REPO / "configs" / "sft.yaml"),
+        f"model={tmp_path / 'tiny'}", f"data.path={tmp_path / 'data.jsonl'}", f"output.dir={out}",
+        "optim.epochs=100", "optim.max_steps=400", "optim.grad_accum=1", "optim.threads=1", "data.eval_fraction=0.2",
+        "output.save_every_s=3600", "output.log_every=1",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while not any('"loss"' in x for x in _read(out / "metrics.jsonl")) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read()[-2000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr
+    said = re.search(
+        r"SFT stopped by a signal after step (\d+) of 400; it resumes there \(the same command goes on\)",
+        " ".join(stderr.split()),
+    )
+    assert said, stderr[-2000:]
+    assert json.loads((out / "resume" / "state.json").read_text())["step"] == int(said.group(1))
+
+
+def _read(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except FileNotFoundError:
+        return []

@@ -35,6 +35,7 @@ def run_or_exit(cfg: TrainConfig, resume: bool) -> dict:
     """``recipe.run``, its errors mapped to one-line messages and exit codes (2: the config or the
     run folder; 1: the run could not be composed)."""
     from sage_rl import recipe
+    from sage_rl.train.sft_resume import SFTStopped
 
     if cfg.policy.kind != "transformers":
         raise fail("the recipe trains a transformers policy (policy.kind=transformers)", 2)
@@ -46,3 +47,5 @@ def run_or_exit(cfg: TrainConfig, resume: bool) -> dict:
         raise fail(str(e), 2) from None
     except BuildError as e:
         raise fail(str(e)) from None
+    except SFTStopped as e:  # Ctrl-C or SIGTERM in SFT, after a step and its resume point
+        raise fail(f"{e} (pass --resume to go on)", 130) from None

@@ -10,6 +10,7 @@ from sage_rl.memory import bound_heap
 from sage_rl.runs.console import err, fail, load_or_exit
 from sage_rl.runs.sft import run_sft
 from sage_rl.train.sft_config import SFTConfig
+from sage_rl.train.sft_resume import SFTStopped
 
 
 def main(
@@ -27,6 +28,8 @@ def main(
         result = run_sft(cfg, show_progress=not as_json)
     except (ValueError, RuntimeError, OSError) as e:  # bad data, unloadable model: one-line errors
         raise fail(str(e)) from None
+    except SFTStopped as e:  # Ctrl-C or SIGTERM, after a step and its resume point
+        raise fail(f"{e} (the same command goes on)", 130) from None
     if as_json:
         typer.echo(json.dumps(result))
     else:

@@ -58,7 +58,7 @@ from sage_rl.train.sft_data import (
     nll_sum,
     split_by_scenario,
 )
-from sage_rl.train.sft_resume import Reached, ResumePoints, fingerprint, stretches
+from sage_rl.train.sft_resume import Reached, ResumePoints, StopRequest, fingerprint, stretches
 from sage_rl.train.sft_schedule import BestWeights, epoch_selection, eval_by_position
 
 
@@ -327,7 +327,7 @@ def train_sft(
         model.train()
         losses: list[float] = done.losses if done else []
         step, stop = start, False
-        with progress_bar(show_progress) as bar:
+        with progress_bar(show_progress) as bar, StopRequest() as request:
             task = bar.add_task("sft", total=total, completed=start)
             for step in range(start + 1, total + 1):
                 if before_step is not None:
@@ -343,8 +343,9 @@ def train_sft(
                 bar.update(task, advance=1, description=f"sft loss {metrics['loss']:.3f}")
                 if stop:
                     break
-                if step < total and points.due():
+                if step < total and (points.due() or request.signal):
                     points.save(model, opt, best, Reached(step, losses, evals, log.offset(), dtypes))
+                    request.stop_after(step, total, resumes=points.every_s is not None)
     model.eval()
     if step not in evals:
         evals[step] = held_out()

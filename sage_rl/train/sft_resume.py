@@ -17,6 +17,10 @@ what differs, never silently mixed in; a damaged one is an error that names the 
 holds ``optim.dtype: auto``, not what it resolved to: a run resumed on a CPU where it resolves
 otherwise goes on in that precision, with a warning, and its result says ``dtype: mixed`` and from
 which step each ran (``dtype_by_step``).
+
+A stop by SIGINT (Ctrl-C) or SIGTERM (a session's end) loses nothing since the last step
+(``StopRequest``): the step in progress ends, a resume point for it is written (where resume points
+are on), and the run raises ``SFTStopped``. A second signal stops it at once, as without this.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import json
 import logging
 import os
 import shutil
+import signal
+import threading
 import time
 from array import array
 from dataclasses import dataclass
@@ -86,6 +92,46 @@ def stretches(
     return (*before, (start + 1, now))
 
 
+class SFTStopped(KeyboardInterrupt):
+    """SFT ended early on a signal, after a step and its resume point (``StopRequest``)."""
+
+
+class StopRequest:
+    """While entered (in the main thread: signals reach no other), SIGINT and SIGTERM set
+    ``signal`` instead of ending the process, so that the training loop can end after its step.
+    A second signal gets the handler from before (Ctrl-C's ``KeyboardInterrupt``, SIGTERM's exit)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._before: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._before = {s: signal.signal(s, self._on_signal) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._before.items():
+            signal.signal(s, handler)
+        self._before = {}
+
+    def stop_after(self, step: int, total: int, resumes: bool) -> None:
+        """Raise ``SFTStopped`` if a signal came (call it after the step's resume point)."""
+        if self.signal is not None:
+            again = "resumes there" if resumes else "starts again (output.save_every_s: null)"
+            raise SFTStopped(f"SFT stopped by a signal after step {step} of {total}; it {again}")
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.signal is None:
+            self.signal = signum
+            log.warning("SFT: %s; stopping after this step (again to stop now)", signal.Signals(signum).name)
+            return
+        self.__exit__()
+        signal.raise_signal(signum)  # the handler from before, now in place
+
+
 class ResumePoints:
     """Writes and reads ``folder`` (``<output.dir>/resume``) for one run, identified by ``fingerprint``."""
 
@@ -102,7 +148,10 @@ class ResumePoints:
     def save(
         self, model: torch.nn.Module, opt: torch.optim.Optimizer, best: BestWeights, done: Reached
     ) -> None:
-        """Write a resume point for ``done`` (atomically: a crash mid-write leaves the previous one)."""
+        """Write a resume point for ``done`` (atomically: a crash mid-write leaves the previous one);
+        nothing where resume points are off (``every_s`` None)."""
+        if self.every_s is None:
+            return
         tmp = self.folder.with_name(self.folder.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
