@@ -202,22 +202,27 @@ def test_a_signal_ends_the_run_after_its_step_with_a_resume_point_there(tiny, tm
 
 
 def test_a_second_signal_stops_at_once_as_without_it(tiny, tmp_path):
-    run, before = tmp_path / "stopped", signal.getsignal(signal.SIGINT)
+    run = tmp_path / "stopped"
     model, conversation = copy.deepcopy(tiny[0]), ChatRenderer(tiny[1]).conversation
     sends = _signalling({3: [signal.SIGINT, signal.SIGINT]})  # the second raises in before_step
-    with pytest.raises(KeyboardInterrupt) as stopped:
-        sft.train_sft(
-            model,
-            tiny[1],
-            examples(8),
-            config(run, save_every_s=3600),
-            conversation,
-            False,
-            before_step=sends,
-        )
+    # Ctrl-C's usual handler before (a pytest-xdist worker ignores SIGINT: then so would the second)
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            sft.train_sft(
+                model,
+                tiny[1],
+                examples(8),
+                config(run, save_every_s=3600),
+                conversation,
+                False,
+                before_step=sends,
+            )
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, outer)
     assert not isinstance(stopped.value, SFTStopped)
     assert not (run / "resume").exists()  # no point was due, and step 3 never ended
-    assert signal.getsignal(signal.SIGINT) == before
 
 
 def test_sage_rl_sft_stopped_by_sigterm_says_where_it_resumes(tiny, tmp_path):
@@ -258,3 +263,18 @@ def _read(path: Path) -> list[str]:
         return path.read_text().splitlines()
     except FileNotFoundError:
         return []
+
+
+def test_a_signal_the_process_ignores_stays_ignored(tiny, tmp_path):
+    """A background job ignores SIGINT (the shell set it so): SFT does not start heeding it."""
+    outer = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        model, tok = copy.deepcopy(tiny[0]), tiny[1]
+        cfg, sends = config(tmp_path / "run", save_every_s=3600), _signalling({3: [signal.SIGINT]})
+        _, result = sft.train_sft(
+            model, tok, examples(8), cfg, ChatRenderer(tok).conversation, False, before_step=sends
+        )
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, outer)
+    assert result.steps > 3 and not result.stopped_early

@@ -98,7 +98,8 @@ class SFTStopped(KeyboardInterrupt):
 
 class StopRequest:
     """While entered (in the main thread: signals reach no other), SIGINT and SIGTERM set
-    ``signal`` instead of ending the process, so that the training loop can end after its step.
+    ``signal`` instead of ending the process, so that the training loop can end after its step
+    (either one the process ignores, as a background job its SIGINT, stays ignored).
     A second signal gets the handler from before (Ctrl-C's ``KeyboardInterrupt``, SIGTERM's exit)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -108,8 +109,9 @@ class StopRequest:
         self._before: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequest:
-        if threading.current_thread() is threading.main_thread():
-            self._before = {s: signal.signal(s, self._on_signal) for s in self.SIGNALS}
+        if threading.current_thread() is threading.main_thread():  # a signal ignored stays ignored
+            kept = [s for s in self.SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+            self._before = {s: signal.signal(s, self._on_signal) for s in kept}
         return self
 
     def __exit__(self, *exc: object) -> None:
