@@ -10,6 +10,9 @@
 #   # or, as call 2: the CUDA tests, the SAGE - SFT headline on the GPU (gpu_recipe.py --until sage),
 #   # then a short engine bench with what is left (carry [".gpu/b"]; DEADLINE s for the recipe, default 400):
 #   bash benchmarks/gpu_check.sh recipe [DEADLINE]
+#   # or, as call 2: issue 29's CPU figures on the device machine's CPU (AVX-512 where it has it),
+#   # pinned to 2 of its cores: engine_bench quiet, then with AVX2 kernels (carry [".gpu/b"], ~8 min)
+#   bash benchmarks/gpu_check.sh cpu
 #
 # Why two calls: the embedded SmolLM2-135M GGUF is 98 MB (a bf16 safetensors would be 270 MB).
 # Call 1 installs the wheels the image lacks (pydantic, gguf, transformers 5.23, huggingface_hub 2.4 and its httpx2, ...: ~20 MB) into
@@ -43,7 +46,7 @@ prepare)
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .gpu/a/whl pydantic==2.14.3 pydantic_core==2.50.4 typing-inspection annotated-types \
     gguf==0.19.0 transformers==5.23.0 tokenizers==0.23.3 huggingface_hub==2.4.0 \
-    bm25s==0.3.16 pyseccomp==0.1.2 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5
+    bm25s==0.3.16 pyseccomp==0.1.2 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 ninja==1.13.2
   head -c "$PART_A_BYTES" "$gguf" > .gpu/a/gguf.part
   tail -c +"$((PART_A_BYTES + 1))" "$gguf" > .gpu/b/gguf.part
   sha256sum < "$gguf" | cut -d' ' -f1 > .gpu/b/gguf.sha256
@@ -80,8 +83,20 @@ recipe)
       --train-micro 16 --greedy-prompts 4 --out "$OUT/gpu_engine.json" || echo "gpu_engine_bench FAILED"
   } 2>&1 | tee "$OUT/recipe.log"
   ;;
+cpu)
+  join_gguf
+  export PATH=/tmp/site/bin:$PATH  # pip --target put the ninja wheel's binary there: the kernel's build runs it
+  {
+    lscpu | grep -E "Model name|Vendor|^CPU\(s\)"  # engine_bench prints the ISA flags with every figure
+    command -v g++ > /dev/null || echo "no g++ here: the engine runs its torch path (the bench says so)"
+    for isa in "" "--isa avx2"; do  # 2 of the cores, as the 2-core machines the issue is about
+      timeout 270 taskset -c 0,1 python3 benchmarks/engine_bench.py --repeats 1 --systems policy,hf_generate \
+        --no-mismatch $isa || echo "engine_bench $isa FAILED"
+    done
+  } 2>&1 | tee "$OUT/cpu.log"
+  ;;
 *)
-  echo "usage: bash benchmarks/gpu_check.sh prepare|device1|device2|recipe [DEADLINE]" >&2
+  echo "usage: bash benchmarks/gpu_check.sh prepare|device1|device2|recipe [DEADLINE]|cpu" >&2
   exit 1
   ;;
 esac
