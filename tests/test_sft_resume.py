@@ -179,8 +179,23 @@ def _signalling(sends: dict[int, list[int]]):
     return lambda step: [os.kill(os.getpid(), s) for s in sends.get(step, [])]
 
 
+@pytest.fixture
+def usual_handlers():
+    """Ctrl-C's and SIGTERM's handlers as in a process started from a terminal (a pytest-xdist
+    worker ignores SIGINT, and SFT leaves an ignored signal ignored); put back afterwards."""
+    outer = {
+        s: signal.signal(s, h)
+        for s, h in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL))
+    }
+    yield
+    for s, h in outer.items():
+        signal.signal(s, h)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_ends_the_run_after_its_step_with_a_resume_point_there(tiny, tmp_path, signum):
+def test_a_signal_ends_the_run_after_its_step_with_a_resume_point_there(
+    tiny, tmp_path, signum, usual_handlers
+):
     whole_model, whole = train(tiny, config(tmp_path / "whole"))
     run = tmp_path / "stopped"
     before = signal.getsignal(signum)
@@ -201,26 +216,21 @@ def test_a_signal_ends_the_run_after_its_step_with_a_resume_point_there(tiny, tm
         assert torch.allclose(a, b, atol=1e-6), name
 
 
-def test_a_second_signal_stops_at_once_as_without_it(tiny, tmp_path):
+def test_a_second_signal_stops_at_once_as_without_it(tiny, tmp_path, usual_handlers):
     run = tmp_path / "stopped"
     model, conversation = copy.deepcopy(tiny[0]), ChatRenderer(tiny[1]).conversation
     sends = _signalling({3: [signal.SIGINT, signal.SIGINT]})  # the second raises in before_step
-    # Ctrl-C's usual handler before (a pytest-xdist worker ignores SIGINT: then so would the second)
-    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt) as stopped:
-            sft.train_sft(
-                model,
-                tiny[1],
-                examples(8),
-                config(run, save_every_s=3600),
-                conversation,
-                False,
-                before_step=sends,
-            )
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    finally:
-        signal.signal(signal.SIGINT, outer)
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        sft.train_sft(
+            model,
+            tiny[1],
+            examples(8),
+            config(run, save_every_s=3600),
+            conversation,
+            False,
+            before_step=sends,
+        )
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert not isinstance(stopped.value, SFTStopped)
     assert not (run / "resume").exists()  # no point was due, and step 3 never ended
 
