@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from sage_rl.recipe.pipeline import RecipeError, listed_scenarios, missing_scenarios, read_summary
+from sage_rl.train.sft_resume import STATE
 from sage_rl.view.read import read_jsonl
 
 #: The evaluations, in the order the experiment runs them (benchmarks/laptop_recipe.py).
@@ -214,7 +215,7 @@ def resume_point(folder: Path, now: float) -> str | None:
     """Where a stopped SFT stage would resume (its ``resume/state.json``: train/sft_resume.py) and
     how old that point is: a stop loses the steps after it. None where there is none or it cannot
     be read."""
-    path = folder / "state.json"
+    path = folder / STATE
     try:
         step = _object(json.loads(path.read_text(encoding="utf-8"))).get("step")
         written = path.stat().st_mtime
