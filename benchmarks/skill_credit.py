@@ -1,14 +1,16 @@
-"""What the default skill credit (``skills.credit=api``) changes against the paper's rule
-(``skills.credit=paper``) on the laptop experiment's rollouts, measured with the scripted expert.
+"""What the default skill credit (``skills.credit=api``) and the stricter ``flow`` change against the
+paper's rule (``skills.credit=paper``) on the laptop experiment's rollouts, measured with the scripted
+expert.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/skill_credit.py [--chains 40] [--seed 0]
 
 Runs ``--chains`` train task sequences of the laptop experiment's config (configs/laptop_recipe.yaml:
 K = 2, its agent limits, prompts and retrieval) in the sandbox, with the scripted expert as the
 policy (the SFT data's author: what the SFT model imitates), once under each rule. The same seeded
-expert writes the same cells under both rules, so every difference is credit. Prints one JSON
+expert writes the same cells under every rule, so every difference is credit. Prints one JSON
 object: per rule the mean reward per position and overall, the fraction of later tasks credited
-with a skill use, and the per-chain differences (api - paper).
+with a skill use, and the per-chain differences (api - paper, flow - api). The expert always uses
+its skills' values, so ``flow`` should pay what ``api`` pays: a difference is a use ``flow`` misses.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def main() -> None:
     sequences = [tasks.sample_chain(rng, base.rollout.chain_length, "train") for _ in range(args.chains)]
     report: dict[str, object] = {"chains": args.chains, "chain_length": base.rollout.chain_length}
     by_rule = {}
-    for rule in ("paper", "api"):
+    for rule in ("paper", "api", "flow"):
         cfg = load_config(TrainConfig, args.config, [f"skills.credit={rule}"])
         start = time.perf_counter()
         by_rule[rule] = asyncio.run(rewards(cfg, sequences, args.seed))
@@ -61,11 +63,12 @@ def main() -> None:
             "later_task_credited": sum(used for _, used in by_rule[rule]) / len(rs),
             "seconds": round(time.perf_counter() - start, 1),
         }
-    diffs = [sum(a) - sum(p) for (a, _), (p, _) in zip(by_rule["api"], by_rule["paper"], strict=True)]
-    report["chain_reward_sum_difference_api_minus_paper"] = {
-        "mean": sum(diffs) / len(diffs),
-        "chains_that_differ": sum(d != 0 for d in diffs),
-    }
+    for a, b in (("api", "paper"), ("flow", "api")):
+        diffs = [sum(x) - sum(y) for (x, _), (y, _) in zip(by_rule[a], by_rule[b], strict=True)]
+        report[f"chain_reward_sum_difference_{a}_minus_{b}"] = {
+            "mean": sum(diffs) / len(diffs),
+            "chains_that_differ": sum(d != 0 for d in diffs),
+        }
     print(json.dumps(report, indent=1))
 
 

@@ -190,8 +190,11 @@ class CallRecord:
     ``errors`` counts the calls that raised; ``with_api`` the calls that returned without raising
     AND made at least one successful API call while they ran, made by their own code, by functions
     of the same origin or by library skills they called (not by the task's code passed in as a
-    callback; generator and async functions never count; sage_rl/sandbox/tracking.py). Records
-    written before issue 30 have no ``with_api`` (read as 0).
+    callback; generator and async functions never count; sage_rl/sandbox/tracking.py). ``effects``
+    counts, for a library skill, the times this cell its work reached the world: an API call of its
+    own that changed it, or a value it returned (in this cell or an earlier one) passed to such a call
+    or submitted as the answer (sage_rl/sandbox/flow.py; a row may have ``calls`` 0). Records
+    written before issue 30 have no ``with_api``, before the ``flow`` credit no ``effects`` (read as 0).
     """
 
     name: str
@@ -199,6 +202,7 @@ class CallRecord:
     calls: int
     errors: int
     with_api: int = 0
+    effects: int = 0
 
     @property
     def from_library(self) -> bool:

@@ -13,7 +13,8 @@ from sage_rl.types import CallRecord, CheckResult, ExecResult, Outcome, skill_or
 class FakeEnv:
     """Executes nothing; records cells. A cell containing 'complete' completes the task; a cell
     containing 'boom' fails; a skill preamble named 'bad' fails to define. A library skill 'f' or
-    'g' named in a cell is reported called once, returned, after a successful API call."""
+    'g' named in a cell is reported called once, returned, after a successful API call, with an
+    effect in the world (``CallRecord.effects``)."""
 
     reports_calls = True
 
@@ -27,7 +28,7 @@ class FakeEnv:
         self.cells.append((origin, code))
         if origin.startswith("<skill:"):
             return ExecResult("", ok="bad" not in origin)
-        calls = tuple(CallRecord(n, skill_origin(n), 1, 0, 1) for n in ("f", "g") if f"{n}(" in code)
+        calls = tuple(CallRecord(n, skill_origin(n), 1, 0, 1, 1) for n in ("f", "g") if f"{n}(" in code)
         self._done = self._done or "complete" in code
         return ExecResult(
             "Error" if "boom" in code else "out", ok="boom" not in code, calls=calls, defined=()

@@ -7,8 +7,10 @@ completes correctly. Both scores are 1, so any reward above (1, 1) is skill cred
 - item 3: a skill call that raised (caught by ``try``, or ``@skill`` on a def) is no use;
 - item 4: call records forged from inside the worker (the heap, frames, closures, the channel)
   earn nothing, whatever dead code the cell adds for the static cross-check;
-- item 5: under the default credit rule (``skills.credit: api``) a use counts only when the
-  skill's call returned and made a successful API call; ``paper`` is the paper's rule.
+- item 5: under the credit rule ``skills.credit: api`` (the default until session 31; every chain
+  here runs under it unless a test names another rule) a use counts only when the skill's call
+  returned and made a successful API call; ``paper`` is the paper's rule. The default since,
+  ``flow``, also needs the skill's work to reach the world: tests/test_skill_flow.py.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class Script:
         return Completion(f"```python\n{code}\n```", completion_tokens=5)
 
 
-def chain(second: str, credit: str | None = None, first: str = DEFINE):
+def chain(second: str, credit: str | None = "api", first: str = DEFINE):
     """Run the two tasks (at most two turns each); return (chain, rewards without the no-code
     penalty)."""
     from sage_rl.build import build_runner, open_suite
@@ -98,7 +100,7 @@ def test_a_skill_that_called_an_api_is_credited_under_both_rules(credit):
     assert r == (2.0, 2.0)
 
 
-def test_a_trivial_skill_earns_nothing_by_default():
+def test_a_trivial_skill_earns_nothing_under_api():
     """``def get_two(): return 2`` called in both tasks doubled both rewards (the paper's rule)."""
     c, r = chain("print(get_two())" + COMPLETE)
     assert c.trajectories[1].skills_used == () and r == (1.0, 1.0)
@@ -109,7 +111,7 @@ def test_the_paper_rule_credits_a_trivial_skill():
     assert c.trajectories[1].skills_used == ("get_two",) and r == (2.0, 2.0)
 
 
-def test_a_skill_whose_api_calls_all_failed_earns_nothing_by_default():
+def test_a_skill_whose_api_calls_all_failed_earns_nothing_under_api():
     second = (
         "def probe():\n    try:\n        apis.music.no_such_api()\n    except Exception as e:\n"
         "        print(e)\n    return get_two()\nprobe()" + COMPLETE
@@ -124,7 +126,7 @@ def test_an_api_call_outside_the_skill_does_not_make_it_credited():
     assert c.trajectories[1].skills_used == () and r == (1.0, 1.0)
 
 
-def test_a_skill_that_only_calls_the_tasks_own_api_code_earns_nothing_by_default():
+def test_a_skill_that_only_calls_the_tasks_own_api_code_earns_nothing_under_api():
     """``call(lambda: apis...)``: the API call happens while the skill runs, but the task's code
     makes it; only API calls made by the skill's own code (or code it calls from the library or
     defines itself) count."""
@@ -157,7 +159,7 @@ IDLE = (
 
 
 @pytest.mark.parametrize("second", ["submit({answer})", "print(len(docs('music')))" + COMPLETE])
-def test_a_skill_that_only_submits_or_reads_the_docs_earns_nothing_by_default(second):
+def test_a_skill_that_only_submits_or_reads_the_docs_earns_nothing_under_api(second):
     """Every task submits, so a ``submit`` skill called in task 2 paid the bonus on every
     successful task (2.0, 2.0); reading the documentation through a skill did too."""
     c, r = chain(second, first=IDLE)

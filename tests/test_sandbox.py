@@ -293,12 +293,12 @@ def test_pocketworld_episodes_await_sessions_directly_on_one_loop(sandbox):
         def __init__(self):
             self.threads = set()
 
-        async def open(self, dispatch):
+        async def open(self, dispatch, fingerprint=None):
             def watched(app, api, kwargs):
                 self.threads.add(threading.get_ident())
                 return dispatch(app, api, kwargs)
 
-            return await SandboxExecutors(sandbox).open(watched)
+            return await SandboxExecutors(sandbox).open(watched, fingerprint)
 
     executors = Watched()
 

@@ -142,7 +142,7 @@ def test_usage_needs_records_and_code_to_agree():
     from sage_rl.skills.record import make_skill
 
     lib = Library([make_skill("def f():\n    return apis.x.y()")])
-    ran = ExecResult("", True, calls=(CallRecord("f", "<skill:f>", 1, 0, with_api=1),))
+    ran = ExecResult("", True, calls=(CallRecord("f", "<skill:f>", 1, 0, with_api=1, effects=1),))
     silent = ExecResult("", True, calls=())
     assert used_skills([("f()", ran)], lib) == {"f"}
     assert used_skills([("x = 1", ran)], lib) == set()  # forged record, no call in the code

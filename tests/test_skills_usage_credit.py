@@ -24,29 +24,41 @@ LIB = Library(
 )
 
 
-def rec(name: str, calls: int, errors: int, with_api: int) -> CallRecord:
-    return CallRecord(name, f"<skill:{name}>", calls, errors, with_api)
+def rec(name: str, calls: int, errors: int, with_api: int, effects: int = 0) -> CallRecord:
+    return CallRecord(name, f"<skill:{name}>", calls, errors, with_api, effects)
 
 
 CASES = [
-    # (records, api_ok, used under paper, used under api)
-    ((rec("fetch", 1, 0, 1),), 1, {"fetch"}, {"fetch"}),
-    ((rec("fetch", 1, 1, 0),), 1, set(), set()),  # its only call raised (issue 30 item 3)
-    ((rec("fetch", 2, 1, 1),), 1, {"fetch"}, {"fetch"}),  # one raised, one returned after an API call
-    ((rec("fetch", 2, 1, 0),), 1, {"fetch"}, set()),  # the call that returned made no API call
-    ((rec("two", 3, 0, 0),), 0, {"two"}, set()),  # trivial (item 5)
-    ((rec("fetch", 1, 0, 1),), 0, {"fetch"}, set()),  # the parent served no successful API call
-    ((rec("fetch", 1, 0, 1),), None, {"fetch"}, {"fetch"}),  # nobody counted: the records decide
+    # (records, api_ok, used under paper, used under api, used under flow)
+    ((rec("fetch", 1, 0, 1),), 1, {"fetch"}, {"fetch"}, set()),  # its work reached nothing
+    ((rec("fetch", 1, 0, 1, 1),), 1, {"fetch"}, {"fetch"}, {"fetch"}),  # ... and here it did
+    ((rec("fetch", 1, 1, 0, 1),), 1, set(), set(), set()),  # its only call raised (issue 30 item 3)
+    ((rec("fetch", 2, 1, 1, 1),), 1, {"fetch"}, {"fetch"}, {"fetch"}),  # one raised, one returned after an API call
+    ((rec("fetch", 2, 1, 0, 1),), 1, {"fetch"}, set(), set()),  # the call that returned made no API call
+    ((rec("two", 3, 0, 0),), 0, {"two"}, set(), set()),  # trivial (item 5)
+    ((rec("fetch", 1, 0, 1, 1),), 0, {"fetch"}, set(), set()),  # the parent served no successful API call
+    ((rec("fetch", 1, 0, 1, 1),), None, {"fetch"}, {"fetch"}, {"fetch"}),  # nobody counted: the records decide
 ]
 
 
-@pytest.mark.parametrize("records, api_ok, paper, api", CASES)
-def test_credit_rules_on_records(records, api_ok, paper, api):
+@pytest.mark.parametrize("records, api_ok, paper, api, flow", CASES)
+def test_credit_rules_on_records(records, api_ok, paper, api, flow):
     code = "fetch()\ntwo()"
     result = ExecResult("", True, calls=records, api_ok=api_ok)
     assert used_skills([(code, result)], LIB, SkillCredit.PAPER) == paper
     assert used_skills([(code, result)], LIB, SkillCredit.API) == api
-    assert used_skills([(code, result)], LIB) == api  # the default is "api"
+    assert used_skills([(code, result)], LIB, SkillCredit.FLOW) == flow
+    assert used_skills([(code, result)], LIB) == flow  # the default is "flow"
+
+
+def test_under_flow_the_effect_may_come_in_a_later_cell():
+    """A value returned in cell 0 and used in cell 1: cell 1's record has ``calls`` 0 and the effect."""
+    first = ExecResult("", True, calls=(rec("fetch", 1, 0, 1),), api_ok=1)
+    later = ExecResult("", True, calls=(rec("fetch", 0, 0, 0, 1),), api_ok=1)
+    cells = [("x = fetch()", first), ("apis.bank.pay(to=x)", later)]
+    assert used_skills(cells, LIB, SkillCredit.FLOW) == {"fetch"}
+    assert used_skills(cells[:1], LIB, SkillCredit.FLOW) == set()
+    assert used_skills([cells[1]], LIB, SkillCredit.FLOW) == set()  # an effect alone: no call returned
 
 
 def test_without_records_api_credits_skills_that_refer_to_apis():
@@ -55,7 +67,7 @@ def test_without_records_api_credits_skills_that_refer_to_apis():
     blind = ExecResult("", True, calls=None, defined=None)
     cells = [("print(fetch(), double(), two())", blind)]
     assert used_skills(cells, LIB, SkillCredit.PAPER) == {"fetch", "double", "two"}
-    assert used_skills(cells, LIB, SkillCredit.API) == {"fetch", "double"}
+    assert used_skills(cells, LIB, SkillCredit.API) == used_skills(cells, LIB, SkillCredit.FLOW) == {"fetch", "double"}
 
 
 def test_without_records_a_skill_that_only_submits_or_reads_the_docs_is_not_credited():
@@ -77,9 +89,9 @@ def test_without_records_a_skill_that_only_submits_or_reads_the_docs_is_not_cred
 
 
 def test_credit_is_a_validated_setting():
-    assert RunConfig().skills.credit is SkillCredit.API
+    assert RunConfig().skills.credit is SkillCredit.FLOW
     assert load_config(RunConfig, None, ["skills.credit=paper"]).skills.credit is SkillCredit.PAPER
-    with pytest.raises(ConfigError, match=r"skills\.credit: .*'api' or 'paper'.*got 'papr'"):
+    with pytest.raises(ConfigError, match=r"skills\.credit: .*'api', 'paper' or 'flow'.*got 'papr'"):
         load_config(RunConfig, None, ["skills.credit=papr"])
 
 
@@ -89,5 +101,5 @@ def test_verl_runs_the_same_rule():
     from sage_rl.integrations.verl.bridge import _run_config
     from sage_rl.integrations.verl.config import VerlRunConfig
 
-    assert _run_config(VerlRunConfig()).skills.credit is SkillCredit.API
+    assert _run_config(VerlRunConfig()).skills.credit is SkillCredit.FLOW
     assert _run_config(VerlRunConfig(skills={"credit": "paper"})).skills.credit is SkillCredit.PAPER

@@ -47,9 +47,11 @@ class SkillsConfig(Section):
     use_skills: bool = True
     save_policy: SavePolicy = SavePolicy.CALLED_OK
     credit: SkillCredit = Field(
-        SkillCredit.API,
-        description="when a call of a library skill counts as a use (the skill bonus): 'api' = it "
-        "returned without raising and made a successful API call; 'paper' = it returned (SAGE.md 4)",
+        SkillCredit.FLOW,
+        description="when a call of a library skill counts as a use (the skill bonus): 'flow' (default) "
+        "= it returned without raising, made a successful API call, and its work "
+        "reached the world (an API call of its own changed it, or a value it returned was passed to "
+        "such a call or submitted); 'api' = without the last condition; 'paper' = it returned (SAGE.md 4)",
     )
     render: str = "full"  # "full" source or "compact" (signature + docstring) in the prompt
     token_budget: int = Field(2000, ge=1, description="tokens for the library section of the prompt")

@@ -4,8 +4,10 @@ Public API:
     SandboxLimits                       the limits (a config section; defaults in docs/sandbox.md)
     with Sandbox(limits) as sandbox:    start the template once (``start()`` returns the IsolationReport);
                                         leaving the block ends the template and its workers
-    await sandbox.acquire(dispatch)     -> Session; dispatch(app, api, kwargs) runs in the parent, on
-                                        the event loop that awaits the session
+    await sandbox.acquire(dispatch, fingerprint=None)
+                                        -> Session; dispatch(app, api, kwargs) runs in the parent, on
+                                        the event loop that awaits the session; fingerprint() (optional)
+                                        tells world states apart, so replies say what changed the world
     await Session.execute(code, origin) -> sage_rl.types.ExecResult
     await Session.reset() / close()
     probe_isolation(limits)             the effective IsolationReport on this machine
@@ -16,7 +18,7 @@ it down (``sage_rl.build.open_suite``).
 
 from sage_rl.sandbox.isolation import IsolationReport
 from sage_rl.sandbox.limits import SandboxLimits
-from sage_rl.sandbox.pool import Dispatch, Sandbox, SandboxError
+from sage_rl.sandbox.pool import Dispatch, Fingerprint, Sandbox, SandboxError
 from sage_rl.sandbox.session import Session
 
 
@@ -29,6 +31,7 @@ def probe_isolation(limits: SandboxLimits | None = None) -> IsolationReport:
 
 __all__ = [
     "Dispatch",
+    "Fingerprint",
     "IsolationReport",
     "Sandbox",
     "SandboxError",

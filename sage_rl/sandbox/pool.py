@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Dispatch = Callable[[str, str, dict[str, Any]], Any]
+Fingerprint = Callable[[], Any]
 
 _START_TIMEOUT_S = 60.0
 _CONTROL_TIMEOUT_S = 20.0
@@ -111,13 +112,15 @@ class Sandbox:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    async def acquire(self, dispatch: Dispatch) -> Session:
-        """A session with a fresh worker. ``dispatch`` runs in the parent for each ``apis`` call."""
+    async def acquire(self, dispatch: Dispatch, fingerprint: Fingerprint | None = None) -> Session:
+        """A session with a fresh worker. ``dispatch`` runs in the parent for each ``apis`` call;
+        ``fingerprint()``, where given, tells the world's states apart (equal values: the same
+        state), so that each call's reply says whether it changed the world (``sandbox/flow.py``)."""
         from sage_rl.sandbox.session import Session  # noqa: PLC0415 - session imports this module
 
         if self.isolation is None:
             await asyncio.to_thread(self.start)
-        session = Session(self, dispatch)
+        session = Session(self, dispatch, fingerprint)
         await session.reset()
         return session
 

@@ -25,7 +25,7 @@ from sage_rl.sandbox.rules import refusal
 from sage_rl.types import CallRecord, ExecResult
 
 if TYPE_CHECKING:
-    from sage_rl.sandbox.pool import Dispatch, Sandbox
+    from sage_rl.sandbox.pool import Dispatch, Fingerprint, Sandbox
 
 #: Longest app or API name passed to ``dispatch``; longer ones are refused unseen (and not echoed).
 MAX_NAME_CHARS = 64
@@ -51,8 +51,9 @@ class Session:
     namespace, and the observation of the cell that caused it says so.
     """
 
-    def __init__(self, sandbox: Sandbox, dispatch: Dispatch) -> None:
-        self.sandbox, self.dispatch = sandbox, dispatch
+    def __init__(self, sandbox: Sandbox, dispatch: Dispatch, fingerprint: Fingerprint | None = None) -> None:
+        self.sandbox, self.dispatch, self.fingerprint = sandbox, dispatch, fingerprint
+        self._state: Any = None  # the world's fingerprint after the last successful call
         self.limits = sandbox.limits
         self.scratch: Path | None = None
         self.isolation: IsolationReport | None = None
@@ -64,6 +65,7 @@ class Session:
 
     async def reset(self) -> None:
         """A fresh worker, namespace and scratch folder (the next episode)."""
+        self._state = None
         self._end_worker()
         self._remove_scratch()
         spare = self.sandbox.take_spare()
@@ -188,12 +190,17 @@ class Session:
             raise ProtocolError(f"more than {2 * limit + 100} API calls in one cell")
         if self._calls > limit:
             return _error(f"API call limit reached: at most {limit} calls per cell")
+        before = self._state if self._state is not None or self.fingerprint is None else self.fingerprint()
         try:
             value = self.dispatch(app, api, kwargs)
         except Exception as e:  # any API failure is the agent's to read; BaseException propagates
             return _error(_message(e))
+        changed = None
+        if self.fingerprint is not None:  # a failed call changes nothing (Dispatch's contract)
+            self._state = self.fingerprint()
+            changed = self._state != before
         try:
-            frame = encode({"op": "ret", "ok": True, "value": value})
+            frame = encode({"op": "ret", "ok": True, "value": value, "changed": changed})
         except (TypeError, ValueError) as e:
             return _error(f"apis.{app}.{api} returned a non-JSON value ({e})")
         if len(frame) > self.limits.message_bytes:
@@ -248,10 +255,11 @@ def _result(msg: dict[str, Any], output_chars: int) -> ExecResult:
 
 
 def _record(row: Any) -> CallRecord:
-    ok = isinstance(row, list) and len(row) == 5
+    ok = isinstance(row, list) and len(row) == 6
     if not (ok and isinstance(row[0], str) and isinstance(row[1], str) and all(_count(n) for n in row[2:])):
         raise ProtocolError("malformed call record")
-    return CallRecord(name=row[0], origin=row[1], calls=row[2], errors=row[3], with_api=row[4])
+    name, origin, calls, errors, with_api, effects = row
+    return CallRecord(name, origin, calls, errors, with_api, effects)
 
 
 def _count(x: Any) -> bool:

@@ -18,7 +18,7 @@ Semantics, stated once:
 - ``with_api``: each running call of a plain function has an entry on its thread's stack of open
   calls; the bridge reports each successful API call that works in the world (``does_work``: not
   the API documentation, not ``supervisor.complete_task``, which every task calls anyway) to the
-  innermost open call (``api_ok``) when
+  innermost open call (``api_done``) when
   the agent code that made it (the nearest frame compiled from a cell or a skill) has that call's
   origin: the function's own code, a lambda or comprehension in it, or a function of the same
   origin. A call passes its count on to its caller when it ends if it has the caller's origin or is
@@ -27,12 +27,16 @@ Semantics, stated once:
   apis...)``, ``call_it(task_function)``) counts for no skill. A call that raised never counts.
   Generator and async functions are not on the stack (their bodies run interleaved with other
   code): they never count ``with_api``;
+- ``effects`` (library skills only): ``flow.FlowTracker`` follows what each plain library skill
+  call was given and returned, and each successful API call with the parent's word on whether it
+  changed the world; a row is written for a skill with effects this cell even if it was not called
+  in it (``calls`` 0);
 - the records are computed inside the worker. Only agent code that breaks the rules of
   ``rules.py`` (refused in the parent before a cell runs: introspection, private attributes, raw
   file descriptors) could reach the tracker or the channel; see docs/sandbox.md, "What agent code
   may do".
 
-This module is imported by the template process: it imports nothing of the project.
+This module is imported by the template process: it imports nothing of the project but ``flow``.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ import threading
 import types
 from collections.abc import Callable
 from typing import Any
+
+from sage_rl.sandbox.flow import FlowTracker
 
 #: Filename prefix of a library skill's code (equal to ``sage_rl.types.SKILL_ORIGIN_PREFIX``; not
 #: imported from there so that the worker loads nothing of the project beyond the sandbox).
@@ -84,7 +90,7 @@ class _Instrument(ast.NodeTransformer):
 
 
 class _OpenCalls(threading.local):
-    """Per thread: one ``[count, origin]`` entry per running call of a tracked plain function,
+    """Per thread: one ``[count, origin, key]`` entry per running call of a tracked plain function,
     innermost last; ``count`` is the successful API calls made inside that call so far."""
 
     def __init__(self) -> None:
@@ -93,11 +99,12 @@ class _OpenCalls(threading.local):
 
 class CallTracker:
     """Counts calls of wrapped agent functions. ``counts`` maps (qualname, origin) ->
-    [calls, errors, with_api]."""
+    [calls, errors, with_api]; ``flow`` follows library skills' values (``sandbox/flow.py``)."""
 
     def __init__(self) -> None:
         self.counts: dict[tuple[str, str], list[int]] = {}
         self.open = _OpenCalls()
+        self.flow = FlowTracker()  # across cells: a value returned in one cell may be used in the next
         # Unguessable, so no string literal of agent code can collide with it.
         self._marker = f"\x00sage-track-{secrets.token_hex(8)}\x00"
         self._codes: dict[int, types.CodeType] = {}  # id -> code object compiled here (kept alive)
@@ -105,13 +112,21 @@ class CallTracker:
     def start_cell(self) -> None:
         self.counts = {}
         self.open = _OpenCalls()  # a call cut short by a timeout leaves nothing for the next cell
+        self.flow.start_cell()
 
-    def api_ok(self) -> None:
-        """One API call succeeded: credit the innermost running call of this thread when the agent
-        code that made the API call has that call's origin (module docstring)."""
+    def api_done(self, app: str, api: str, kwargs: dict[str, Any], value: Any, changed: bool | None) -> None:
+        """One API call succeeded (``changed``: whether it changed the world; None where the
+        environment cannot tell): credit the innermost running call of this thread when the call
+        does work and the agent code that made it has that call's origin (module docstring), and
+        follow the values (``flow.FlowTracker.api_call``). The library skills open count as the
+        call's makers only when a skill's code made it (not the task's code, passed in as a callback)."""
         stack = self.open.stack
-        if stack and stack[-1][1] == agent_origin(sys._getframe(1)):
+        maker = agent_origin(sys._getframe(1))
+        works = does_work(app, api)
+        if works and stack and stack[-1][1] == maker:
             stack[-1][0] += 1
+        skills = [e[2] for e in stack if e[1].startswith(SKILL_ORIGIN_PREFIX)] if _is_skill(maker) else []
+        self.flow.api_call(skills, app, api, kwargs, value, changed, works)
 
     def compile(self, code: str, origin: str) -> types.CodeType:
         """Compile agent code as ``origin`` with call tracking. Raises SyntaxError/ValueError as
@@ -133,8 +148,13 @@ class CallTracker:
         return new
 
     def records(self) -> list[list[Any]]:
-        """``[name, origin, calls, errors, with_api]`` rows, sorted, for the functions called this cell."""
-        return sorted([name, origin, n[0], n[1], n[2]] for (name, origin), n in self.counts.items())
+        """``[name, origin, calls, errors, with_api, effects]`` rows, sorted, for the functions
+        called this cell and the library skills whose work reached the world this cell."""
+        effects = self.flow.effects
+        rows = {key: [*key, *n, effects.get(key, 0)] for key, n in self.counts.items()}
+        for key, e in effects.items():
+            rows.setdefault(key, [*key, 0, 0, 0, e])
+        return sorted(rows.values())
 
     def wrap(self, fn: Any) -> Any:
         """Return ``fn`` wrapped so that its calls are counted; anything not compiled by this
@@ -171,19 +191,24 @@ def agent_origin(frame: types.FrameType | None) -> str | None:
     return None
 
 
+def _is_skill(origin: str | None) -> bool:
+    return origin is not None and origin.startswith(SKILL_ORIGIN_PREFIX)
+
+
 def _close(stack: list[list[Any]]) -> int:
     """End the innermost open call: its count of successful API calls, also added to its caller's
     when it has the caller's origin or is a library skill's (module docstring)."""
     if not stack:
         return 0
-    made, origin = stack.pop()
-    if made and stack and (origin == stack[-1][1] or origin.startswith(SKILL_ORIGIN_PREFIX)):
+    made, origin, _ = stack.pop()
+    if made and stack and (origin == stack[-1][1] or _is_skill(origin)):
         stack[-1][0] += made
     return made
 
 
 def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., Any]) -> Callable[..., Any]:
     origin = key[1]
+    skill = _is_skill(origin)
 
     def tracked(*args: Any, **kwargs: Any) -> Any:
         # _counter inlined: this wrapper is on the path of every call of an agent function
@@ -193,7 +218,8 @@ def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., An
             n = counts[key] = [0, 0, 0]
         n[0] += 1
         stack = tracker.open.stack
-        stack.append([0, origin])
+        stack.append([0, origin, key])
+        inputs = tracker.flow.inputs(key, args, kwargs) if skill else None
         try:
             value = fn(*args, **kwargs)
         except BaseException:
@@ -202,6 +228,9 @@ def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., An
             raise
         if _close(stack):
             n[2] += 1
+        if inputs is not None:
+            caller = next((e[2] for e in reversed(stack) if _is_skill(e[1])), None)
+            tracker.flow.returned(key, inputs, value, caller)
         return value
 
     return tracked

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from sage_rl.sandbox.protocol import BlockingChannel, encode
 from sage_rl.sandbox.rules import agent_builtins
-from sage_rl.sandbox.tracking import AGENT_PREFIXES, CallTracker, defined_functions, does_work
+from sage_rl.sandbox.tracking import AGENT_PREFIXES, CallTracker, defined_functions
 
 #: Frames of agent code shown at most in a traceback (the last ones; repeats are collapsed too).
 MAX_FRAMES = 30
@@ -95,7 +95,7 @@ class Bridge:
         self.chan, self.state, self.max_bytes = chan, state, max_bytes
         self.lock = threading.Lock()
         self.main_ident = threading.main_thread().ident
-        self.on_ok: Any = None  # called after each successful API call that does work (the tracker's api_ok)
+        self.on_ok: Any = None  # called after each successful API call (the tracker's api_done)
 
     def call(self, app: str, api: str, kwargs: dict[str, Any]) -> Any:
         where = f"apis.{_short(app)}.{_short(api)}"
@@ -125,9 +125,10 @@ class Bridge:
         if reply.get("op") != "ret":
             raise RuntimeError(f"{where}: unexpected reply from the environment")
         if reply.get("ok"):
-            if self.on_ok is not None and does_work(app, api):
-                self.on_ok()
-            return reply.get("value")
+            value, changed = reply.get("value"), reply.get("changed")
+            if self.on_ok is not None:
+                self.on_ok(app, api, kwargs, value, changed if isinstance(changed, bool) else None)
+            return value
         raise ApiError(str(reply.get("error")))
 
 
@@ -207,7 +208,7 @@ class Runtime:
         self.state = _CellState()
         self.bridge = Bridge(chan, self.state, max_bytes)
         self.tracker = CallTracker()
-        self.bridge.on_ok = self.tracker.api_ok
+        self.bridge.on_ok = self.tracker.api_done
         # builtins that keep the rules of rules.py for names computed at run time (issue 30)
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": agent_builtins()}
         self.namespace["apis"] = Apis(self.bridge)

@@ -1,15 +1,19 @@
 """Usage detection: which library skills a task really used (SAGE.md section 2; issues 4 and 30).
 
 A task used a library skill when the skill's own code ran and returned, and (under the default
-credit rule) did some work in the world while it ran. Two credit rules (``SkillCredit``):
+credit rule) its work reached the world. Three credit rules (``SkillCredit``):
 
-- ``api`` (default): a call of the skill counts when it returned without raising AND made at least
+- ``api``: a call of the skill counts when it returned without raising AND made at least
   one successful API call that works in the world while it ran, by its own code, its own helpers or
   library skills it called (``CallRecord.with_api``; reading ``api_docs`` and calling
   ``supervisor.complete_task`` do not count: ``sandbox.tracking.does_work``). A skill that only
   computes (``def get_two(): return 2``), only calls what the task hands it, or only wraps the
   documentation or the task's submission, is never credited;
-- ``paper``: the paper's rule, a call counts when it returned without raising.
+- ``paper``: the paper's rule, a call counts when it returned without raising;
+- ``flow`` (default, since session 31): as ``api``, and the skill's work reached the world in the task: an API call of its own
+  changed the world, or a value it returned was passed to such a call or submitted as the answer
+  (``CallRecord.effects``, ``sandbox/flow.py``). A read-only skill called and ignored while the task
+  is solved inline is paid under ``api``, not under ``flow``.
 
 Two detectors, which agree on the shared corpus in ``tests/skill_corpus.py``:
 
@@ -21,7 +25,8 @@ Two detectors, which agree on the shared corpus in ``tests/skill_corpus.py``:
 - ``used_skills_static``: for environments without call records (AppWorld), a replay of the cells
   over a model of the namespace (``static.CallSimulator``; its rules are in that module). It cannot
   see whether a call raised; under ``api`` it credits only skills whose code (or a library skill it
-  calls) refers to ``apis`` other than as ``apis.api_docs`` or ``apis.supervisor.complete_task``.
+  calls) refers to ``apis`` other than as ``apis.api_docs`` or ``apis.supervisor.complete_task``;
+  ``flow`` reads as ``api`` there (no values to follow).
 
 ``used_skills`` is what the rollout credits: with records, both detectors must agree (the cells are
 text the parent holds), so a skill is credited only when it ran and the task's own code calls it.
@@ -42,33 +47,38 @@ from sage_rl.types import SKILL_ORIGIN_PREFIX, CallRecord, ExecResult
 class SkillCredit(enum.StrEnum):
     """When a call of a library skill counts as a use (module docstring; docs/algorithm.md)."""
 
-    API = "api"  # returned without raising and made at least one successful API call (default)
+    API = "api"  # returned without raising and made at least one successful API call
     PAPER = "paper"  # returned without raising (the paper's rule)
+    FLOW = "flow"  # as API, and its work reached the world (a change, or a returned value used): default
 
 
 def credited(rec: CallRecord, credit: SkillCredit) -> bool:
     """Whether the calls in ``rec`` include one that counts as a use under ``credit``."""
     if credit is SkillCredit.PAPER:
         return rec.returned > 0
-    return rec.with_api > 0
+    return rec.with_api > 0  # api; flow also needs the effects of ``used_skills_from_calls``
 
 
 def used_skills_from_calls(
-    results: Iterable[ExecResult], library_names: Collection[str], credit: SkillCredit = SkillCredit.API
+    results: Iterable[ExecResult], library_names: Collection[str], credit: SkillCredit = SkillCredit.FLOW
 ) -> set[str]:
     """Library skills whose library definition was called, and credited under ``credit``, in any
     of ``results``."""
     names = set(library_names)
     used: set[str] = set()
+    reached: set[str] = set()  # skills whose work reached the world (``flow``), in any cell
     for result in results:
-        if credit is SkillCredit.API and result.api_ok == 0:
+        if credit is not SkillCredit.PAPER and result.api_ok == 0:
             continue  # the parent served no successful API call in this cell: no skill made one
         for rec in result.calls or ():
-            if rec.from_library and credited(rec, credit):
-                name = rec.origin[len(SKILL_ORIGIN_PREFIX) : -1]
-                if name in names:
-                    used.add(name)
-    return used
+            name = rec.origin[len(SKILL_ORIGIN_PREFIX) : -1]
+            if not (rec.from_library and name in names):
+                continue
+            if credited(rec, credit):
+                used.add(name)
+            if rec.effects > 0:
+                reached.add(name)
+    return used & reached if credit is SkillCredit.FLOW else used
 
 
 def refers_to_work(node: ast.AST) -> bool:
@@ -117,7 +127,7 @@ def used_skills_static(cells: Sequence[str], library: Library) -> set[str]:
 
 
 def used_skills(
-    cells: Sequence[tuple[str, ExecResult]], library: Library, credit: SkillCredit = SkillCredit.API
+    cells: Sequence[tuple[str, ExecResult]], library: Library, credit: SkillCredit = SkillCredit.FLOW
 ) -> set[str]:
     """Library skills (canonical names) a task used, under ``credit``.
 
@@ -131,6 +141,6 @@ def used_skills(
     static = used_skills_static([code for code, _ in cells], library)
     results = [r for _, r in cells]
     if not all(r.calls is not None for r in results):
-        return static & api_skills(library) if credit is SkillCredit.API else static
+        return static if credit is SkillCredit.PAPER else static & api_skills(library)
     names = set(library.names()) | set(library.aliases())
     return {library.resolve(n) for n in used_skills_from_calls(results, names, credit)} & static

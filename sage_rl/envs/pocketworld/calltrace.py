@@ -6,29 +6,34 @@ or ``<skill:NAME>``). ``sys.settrace`` sees every call; the global tracer ignore
 A call counts as an error when the function exits by an exception (an "exception" event followed
 by "return" with no "line" in between, i.e. not caught inside the function). ``with_api`` counts
 the calls that returned after a successful API call made by their own code, their helpers of the
-same origin or library skills they called (the sandbox's rule: sage_rl/sandbox/tracking.py).
+same origin or library skills they called, and ``effects`` follows library skills' values into the
+world (the sandbox's rules: sage_rl/sandbox/tracking.py, sage_rl/sandbox/flow.py).
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 from types import FrameType
 from typing import Any
 
-from sage_rl.sandbox.tracking import agent_origin
+from sage_rl.sandbox.flow import FlowTracker
+from sage_rl.sandbox.tracking import agent_origin, does_work
 from sage_rl.types import SKILL_ORIGIN_PREFIX, CallRecord
 
 AGENT_ORIGINS = ("<cell-", SKILL_ORIGIN_PREFIX)
+_SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 class CallTracer:
     """Context manager: counts calls and errors of agent-defined functions while active."""
 
-    def __init__(self) -> None:
+    def __init__(self, flow: FlowTracker | None = None) -> None:
         self._counts: dict[tuple[str, str], list[int]] = {}
         self._previous: Any = None
-        # [successful API calls, origin] per running agent call, innermost last
+        # [successful API calls, origin, (name, origin)] per running agent call, innermost last
         self._open: list[list[Any]] = []
+        self.flow = flow if flow is not None else FlowTracker()
 
     def __enter__(self) -> CallTracer:
         self._previous = sys.gettrace()
@@ -39,26 +44,36 @@ class CallTracer:
         sys.settrace(self._previous)
 
     def records(self) -> tuple[CallRecord, ...]:
-        return tuple(
-            CallRecord(name, origin, c, e, a) for (name, origin), (c, e, a) in sorted(self._counts.items())
-        )
+        effects = self.flow.effects
+        keys = sorted(set(self._counts) | set(effects))
+        return tuple(CallRecord(*key, *self._counts.get(key, (0, 0, 0)), effects.get(key, 0)) for key in keys)
 
-    def api_ok(self) -> None:
-        """One API call succeeded: credit the innermost running agent call if the agent code that
-        made the API call has its origin."""
-        if self._open and self._open[-1][1] == agent_origin(sys._getframe(1)):
+    def api_done(self, app: str, api: str, kwargs: dict, value: Any, changed: bool | None) -> None:
+        """One API call succeeded: credit the innermost running agent call if the call does work and
+        the agent code that made it has its origin; follow the values (``CallTracker.api_done``)."""
+        maker = agent_origin(sys._getframe(1))
+        works = does_work(app, api)
+        if works and self._open and self._open[-1][1] == maker:
             self._open[-1][0] += 1
+        skill_made = maker is not None and maker.startswith(SKILL_ORIGIN_PREFIX)
+        skills = [e[2] for e in self._open if e[1].startswith(SKILL_ORIGIN_PREFIX)] if skill_made else []
+        self.flow.api_call(skills, app, api, kwargs, value, changed, works)
 
     def _on_call(self, frame: FrameType, event: str, arg: Any) -> Any:
         code = frame.f_code
         # <module>, <lambda>, <listcomp>, <genexpr>: not functions the agent named
         if event != "call" or code.co_name.startswith("<") or not code.co_filename.startswith(AGENT_ORIGINS):
             return None
-        record = self._counts.setdefault((code.co_name, code.co_filename), [0, 0, 0])
+        key = (code.co_name, code.co_filename)
+        record = self._counts.setdefault(key, [0, 0, 0])
         record[0] += 1
         raised = False
         stack = self._open
-        stack.append([0, code.co_filename])
+        stack.append([0, code.co_filename, key])
+        flow = self.flow
+        # the arguments, before the body rebinds them
+        plain = not code.co_flags & _SUSPENDS  # a generator's "return" events are its yields
+        inputs = flow.inputs(key, list(frame.f_locals.values()), {}) if plain and key[1].startswith(SKILL_ORIGIN_PREFIX) else None
 
         def local(frame: FrameType, event: str, arg: Any) -> Any:
             nonlocal raised
@@ -67,13 +82,17 @@ class CallTracer:
             elif event == "line":
                 raised = False
             elif event == "return":
-                made, origin = stack.pop() if stack else (0, "")
+                made, origin, _ = stack.pop() if stack else (0, "", None)
                 if made and stack and (origin == stack[-1][1] or origin.startswith(SKILL_ORIGIN_PREFIX)):
                     stack[-1][0] += made
                 if raised:
                     record[1] += 1
-                elif made:
-                    record[2] += 1
+                else:
+                    if made:
+                        record[2] += 1
+                    if inputs is not None:
+                        caller = next((e[2] for e in reversed(stack) if e[1].startswith(SKILL_ORIGIN_PREFIX)), None)
+                        flow.returned(key, inputs, arg, caller)
             return local
 
         return local

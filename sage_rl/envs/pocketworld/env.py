@@ -36,7 +36,7 @@ class PocketWorldEnv:
         self._task = task
         self._world = tasks.world_for(task)
         self._initial = self._world.snapshot()
-        self._executor = await self._executors.open(self._world.call)
+        self._executor = await self._executors.open(self._world.call, self._world.fingerprint)
 
     async def execute(self, code: str, origin: str) -> ExecResult:
         if self._executor is None or self._world is None:

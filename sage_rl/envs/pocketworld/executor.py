@@ -27,8 +27,9 @@ from typing import Protocol
 from sage_rl.envs.pocketworld.api import ApiError
 from sage_rl.envs.pocketworld.calltrace import AGENT_ORIGINS, CallTracer
 from sage_rl.envs.pocketworld.proxy import Apis, Dispatch
+from sage_rl.sandbox.flow import FlowTracker
+from sage_rl.sandbox.pool import Fingerprint
 from sage_rl.sandbox.rules import refusal
-from sage_rl.sandbox.tracking import does_work
 from sage_rl.types import ExecResult, source_lines
 
 #: Observations longer than this are cut (the model's context is the scarce resource).
@@ -52,7 +53,7 @@ class Executors(Protocol):
     #: True when the executors fill ``ExecResult.calls`` with call records.
     reports_calls: bool
 
-    async def open(self, dispatch: Dispatch) -> Executor: ...
+    async def open(self, dispatch: Dispatch, fingerprint: Fingerprint | None = None) -> Executor: ...
 
 
 class InProcess:
@@ -60,8 +61,8 @@ class InProcess:
 
     reports_calls = True
 
-    async def open(self, dispatch: Dispatch) -> InProcessExecutor:
-        return InProcessExecutor(dispatch)
+    async def open(self, dispatch: Dispatch, fingerprint: Fingerprint | None = None) -> InProcessExecutor:
+        return InProcessExecutor(dispatch, fingerprint)
 
 
 IN_PROCESS = InProcess()
@@ -70,8 +71,10 @@ IN_PROCESS = InProcess()
 class InProcessExecutor:
     """Executes cells in this process, in one namespace that persists across cells, with call records."""
 
-    def __init__(self, dispatch: Dispatch) -> None:
+    def __init__(self, dispatch: Dispatch, fingerprint: Fingerprint | None = None) -> None:
         self._tracer: CallTracer | None = None
+        self._flow = FlowTracker()  # across cells, as in the sandbox's worker
+        self._fingerprint = fingerprint
         self._api_ok = 0
         self._ns: dict[str, object] = {
             "__builtins__": builtins,
@@ -81,14 +84,17 @@ class InProcessExecutor:
         self._sources: dict[str, list[str]] = {}
 
     def _counted(self, dispatch: Dispatch) -> Dispatch:
-        """``dispatch`` that counts each successful call, and reports those that do work
-        (``tracking.does_work``) to the cell's tracer."""
+        """``dispatch`` that counts each successful call and reports it, with whether it changed
+        the world, to the cell's tracer (as the sandbox's parent and worker do)."""
+        fingerprint = self._fingerprint
 
         def call(app: str, api: str, kwargs: dict) -> object:
+            before = fingerprint() if fingerprint is not None else None
             value = dispatch(app, api, kwargs)
             self._api_ok += 1
-            if self._tracer is not None and does_work(app, api):
-                self._tracer.api_ok()
+            if self._tracer is not None:
+                changed = None if fingerprint is None else fingerprint() != before
+                self._tracer.api_done(app, api, kwargs, value, changed)
             return value
 
         return call
@@ -103,7 +109,8 @@ class InProcessExecutor:
         start = time.perf_counter()
         ok = True
         self._api_ok = 0
-        with contextlib.redirect_stdout(out), CallTracer() as tracer:
+        self._flow.start_cell()
+        with contextlib.redirect_stdout(out), CallTracer(self._flow) as tracer:
             self._tracer = tracer
             try:
                 exec(compile(code, origin, "exec"), self._ns)  # noqa: S102 - executing agent code is the point

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sage_rl.envs.pocketworld.proxy import Dispatch
-from sage_rl.sandbox import Sandbox, Session
+from sage_rl.sandbox import Fingerprint, Sandbox, Session
 
 
 @dataclass(frozen=True)
@@ -21,5 +21,5 @@ class SandboxExecutors:
     sandbox: Sandbox
     reports_calls: bool = True
 
-    async def open(self, dispatch: Dispatch) -> Session:
-        return await self.sandbox.acquire(dispatch)
+    async def open(self, dispatch: Dispatch, fingerprint: Fingerprint | None = None) -> Session:
+        return await self.sandbox.acquire(dispatch, fingerprint)

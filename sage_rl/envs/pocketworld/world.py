@@ -155,6 +155,11 @@ class World:
 
     # ---------------------------------------------------------------- snapshots
 
+    def fingerprint(self) -> bytes:
+        """The data's state as bytes: equal bytes, the same data (what an API call changed:
+        ``sandbox/flow.py``; ~0.4 ms for a task's world)."""
+        return pickle.dumps(self.db, protocol=pickle.HIGHEST_PROTOCOL)
+
     def snapshot(self) -> Db:
         """A deep copy of ``db`` (pickle round-trip: much faster than copy.deepcopy)."""
         return pickle.loads(pickle.dumps(self.db, protocol=pickle.HIGHEST_PROTOCOL))

@@ -1,0 +1,220 @@
+"""Value flow: whether a library skill's work reached the world (the skill credit ``flow``).
+
+``skills.credit: api`` pays a call of a skill that returned and made a successful API call, whatever
+the task then did with it: a read-only skill called and ignored while the task is solved inline was
+paid like a real use. Under ``flow`` a skill's calls must also have an **effect**, counted here:
+
+- a successful API call that **changed the world** (the environment compares its state before and
+  after the call: ``Session``'s ``fingerprint``) was made by the skill's own code while it ran: the
+  effect belongs to every library skill open at that moment;
+- a value the skill **returned** reached a **sink**: the arguments of an API call that changed the
+  world, or the answer passed to ``supervisor.complete_task``. Values are matched as *atoms*: the
+  strings of 3 characters or more, the integers of 1000 or more (ids, counts and ratings below that
+  are everywhere in a listing, so they identify nothing) and the other finite numbers (amounts)
+  inside the returned value, walked through plain dicts, lists, tuples and sets only, so no
+  agent-defined method ever runs; a returned scalar counts whole, whatever its size (a count of 1
+  submitted as the answer, an id), and so does the length of a returned container (the task's
+  ``len(notes_with_tag('health'))``, the commonest value derived from a skill's). A returned atom that was among the call's own arguments is not
+  the skill's (``find(name)`` returning ``name``); a string atom of 4 characters or more also
+  matches inside a longer argument (a message body);
+- the last source of an atom owns it: a read (an API call that changed nothing) made by the task's
+  own code takes the atoms of its result (with its length, as for a skill's) for the providers of
+  its arguments' atoms (a token, an id a skill returned), and for nobody when it used none. So a skill called and ignored while the task
+  reads the same data itself is not paid when the task uses that data;
+- a skill T **serves** a skill S when T returned while S's call was open (a helper S called), when
+  S was called with T's atoms among its arguments (``text_people(recent_senders(3), msg)``), or
+  when a read made by S's code used T's atoms; an effect of S is then T's too.
+
+An environment that cannot compare states (``changed`` None) makes every successful API call that
+does work a sink and an effect of the open skills: ``flow`` then pays like ``api``. Effects are
+counted per cell per skill (``CallRecord.effects``); the providers live as long as the interpreter.
+
+Limits, stated once: values match by value, so a value the task prints and the model types again
+counts (as it should), and so does any literal that happens to equal what a skill returned (a
+small count equal to the answer); a skill called after the task read the same data itself takes
+it back. At most ``MAX_ATOMS`` atoms are read from one value and ``MAX_PROVIDED`` remembered in
+all (past them nothing new is provided: less credit, never more).
+
+This module is imported by the template process: it imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+#: ``supervisor.complete_task``: its ``answer`` is a sink (sage_rl.sandbox.tracking.IDLE_APIS).
+COMPLETE = ("supervisor", "complete_task")
+MAX_ATOMS = 4096
+MAX_PROVIDED = 50_000
+MIN_CHARS = 3
+MIN_INT = 1000
+SUBSTRING_CHARS = 4
+MAX_ATOM_CHARS = 1000
+MAX_TEXT_CHARS = 20_000  # longer arguments are not searched for provided strings
+
+Atom = tuple[str, Any]  # ("s", text) | ("n", float) | ("b", bool)
+SkillKey = tuple[str, str]  # (qualified name, origin), as in the call records
+
+
+def _number(v: Any) -> float | None:
+    """``v`` as the float it matches by: an int within 2**53, a finite float; else None (an int
+    past the float range would raise in ``float``; agent code may return one)."""
+    t = type(v)
+    if t is int:
+        return float(v) if -(2**53) <= v <= 2**53 else None
+    if t is float and math.isfinite(v):
+        return v
+    return None
+
+
+def _scalar(value: Any) -> Atom | None:
+    t = type(value)
+    if t is bool:
+        return ("b", value)
+    if (n := _number(value)) is not None:
+        return ("n", n)
+    if t is str and len(value) <= MAX_ATOM_CHARS:
+        return ("s", value)
+    return None
+
+
+def _walk(value: Any) -> Iterator[Any]:
+    """The leaves of ``value`` through plain dicts, lists, tuples and sets (exact types: no agent
+    method runs), at most ``MAX_ATOMS`` items visited, however large a container."""
+    todo, seen = [value], 0
+    while todo and seen < MAX_ATOMS:
+        v = todo.pop()
+        seen += 1
+        t = type(v)
+        if t is dict:
+            todo.extend(itertools.islice(dict.values(v), MAX_ATOMS - seen))
+        elif t is list or t is tuple or t is set or t is frozenset:
+            todo.extend(itertools.islice(v, MAX_ATOMS - seen))
+        else:
+            yield v
+
+
+def atoms(value: Any, whole: bool = False) -> set[Atom]:
+    """The atoms inside ``value`` (module docstring); with ``whole``, a scalar ``value`` itself too,
+    whatever its size."""
+    out: set[Atom] = set()
+    if whole and (key := _scalar(value)) is not None:
+        out.add(key)
+    for v in _walk(value):
+        if type(v) is str:
+            if MIN_CHARS <= len(v) <= MAX_ATOM_CHARS:
+                out.add(("s", v))
+        elif (
+            type(v) is not bool
+            and (n := _number(v)) is not None
+            and (abs(n) >= MIN_INT or not n.is_integer())
+        ):
+            out.add(("n", n))
+    return out
+
+
+def _result_atoms(value: Any) -> set[Atom]:
+    """The atoms of a returned value: its atoms, itself when a scalar, its length when a container."""
+    found = atoms(value, whole=True)
+    if type(value) in (list, tuple, dict, set, frozenset):
+        found.add(("n", float(len(value))))
+    return found
+
+
+def _strings(value: Any) -> list[str]:
+    """The strings inside ``value`` long enough to hold a provided string, for substring matches."""
+    return [v for v in _walk(value) if type(v) is str and SUBSTRING_CHARS < len(v) <= MAX_TEXT_CHARS]
+
+
+class FlowTracker:
+    """Providers of atoms, what served what, and the effects counted this cell (module docstring)."""
+
+    def __init__(self) -> None:
+        self.providers: dict[Atom, set[SkillKey]] = {}
+        self.served: dict[SkillKey, set[SkillKey]] = {}  # S -> skills whose values S's reads used
+        self.effects: dict[SkillKey, int] = {}
+
+    def start_cell(self) -> None:
+        self.effects = {}
+
+    def inputs(self, skill: SkillKey, args: Sequence[Any], kwargs: Mapping[str, Any]) -> set[Atom]:
+        """A call of ``skill`` starts: the atoms of its arguments (not the skill's to provide).
+        The skills that provided them serve it."""
+        found = atoms(list(args)) | atoms(list(kwargs.values()))
+        givers = set().union(*(self.providers.get(a, ()) for a in found)) - {skill}
+        if givers:
+            self.served.setdefault(skill, set()).update(givers)
+        return found
+
+    def returned(self, skill: SkillKey, inputs: set[Atom], value: Any, caller: SkillKey | None) -> None:
+        """A call of ``skill`` returned ``value``; ``caller``: the innermost library skill still
+        open (the skill it served), if any."""
+        self._provide(_result_atoms(value) - inputs, {skill})
+        if caller is not None and caller != skill:
+            self.served.setdefault(caller, set()).add(skill)
+
+    def api_call(
+        self,
+        open_skills: Sequence[SkillKey],
+        app: str,
+        api: str,
+        kwargs: Mapping[str, Any],
+        value: Any,
+        changed: bool | None,
+        works: bool,
+    ) -> None:
+        """A successful API call, made while ``open_skills`` (outermost first) ran its code;
+        ``works`` is ``tracking.does_work(app, api)``."""
+        answer = (app, api) == COMPLETE
+        args = atoms(dict(kwargs)) | (atoms(kwargs.get("answer"), whole=True) if answer else set())
+        sources = self._sources(args, kwargs)
+        wrote = changed if changed is not None else works
+        if wrote:
+            self._credit(open_skills)
+        if wrote or answer:
+            self._credit(sources)
+        elif open_skills:
+            self.served.setdefault(open_skills[-1], set()).update(sources)
+        else:
+            self._provide(_result_atoms(value) - args, sources, replace=True)
+
+    def _sources(self, args: set[Atom], kwargs: Mapping[str, Any]) -> set[SkillKey]:
+        out: set[SkillKey] = set()
+        for a in args:
+            out |= self.providers.get(a, set())
+        texts = _strings(dict(kwargs))
+        if texts:
+            for (kind, v), who in self.providers.items():
+                if (
+                    kind == "s"
+                    and len(v) >= SUBSTRING_CHARS
+                    and not who <= out
+                    and any(v in t for t in texts)
+                ):
+                    out |= who
+        return out
+
+    def _provide(self, found: Iterable[Atom], by: set[SkillKey], replace: bool = False) -> None:
+        """``by`` provides ``found``: besides the providers known (a skill's return), or instead
+        of them (``replace``: the task's own read)."""
+        for a in found:
+            known = self.providers.get(a)
+            if replace and not by:
+                self.providers.pop(a, None)
+            elif known is not None and not replace:
+                known |= by
+            elif known is not None or len(self.providers) < MAX_PROVIDED:
+                self.providers[a] = set(by)
+
+    def _credit(self, skills: Iterable[SkillKey]) -> None:
+        todo, done = list(skills), set()
+        while todo:
+            s = todo.pop()
+            if s in done:
+                continue
+            done.add(s)
+            self.effects[s] = self.effects.get(s, 0) + 1
+            todo.extend(self.served.get(s, ()))
