@@ -135,6 +135,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 raise SystemExit(f"{path}:{n}: not a JSON line ({e.msg})") from None
             if isinstance(chain, dict) and chain.get("trajectories"):
                 chains.append(chain)
+    started = [c for c in chains if c.get("start_library")]
+    if started:  # the replay starts every chain from an empty library, as evaluations and RL do here
+        raise SystemExit(
+            f"{len(started)} chain(s) started from a non-empty library ({started[0]['start_library'][:3]}...): "
+            "the replay cannot rebuild it; replay chains that started empty"
+        )
     chains = chains[: args.limit]
     rules = [r.strip() for r in args.rules.split(",") if r.strip()]
     if len(rules) < 2:

@@ -53,3 +53,11 @@ def test_bad_arguments_are_named(tmp_path):
     record.write_text("")
     with pytest.raises(SystemExit, match=r"--rules: name at least two"):
         replay.main([str(record), "--rules", "api"])
+
+
+def test_a_chain_that_started_from_a_library_is_refused(tmp_path):
+    c, _ = chain("print(get_email())" + COMPLETE)
+    record = tmp_path / "rollouts.jsonl"
+    record.write_text(dumps(c).replace('"start_library": []', '"start_library": [["get_email", "abc"]]') + "\n")
+    with pytest.raises(SystemExit, match=r"1 chain\(s\) started from a non-empty library"):
+        replay.main([str(record)])
