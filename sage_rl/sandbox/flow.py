@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -136,6 +137,9 @@ class FlowTracker:
         self.providers: dict[Atom, set[SkillKey]] = {}
         self.served: dict[SkillKey, set[SkillKey]] = {}  # S -> skills whose values S's reads used
         self.effects: dict[SkillKey, int] = {}
+        # as the bridge and the call stacks are (tracking.py): threads, should agent code ever get
+        # them (rules.py refuses `threading` today); no agent code runs under it
+        self._lock = threading.Lock()
 
     def start_cell(self) -> None:
         self.effects = {}
@@ -144,17 +148,20 @@ class FlowTracker:
         """A call of ``skill`` starts: the atoms of its arguments (not the skill's to provide).
         The skills that provided them serve it."""
         found = atoms(list(args)) | atoms(list(kwargs.values()))
-        givers = set().union(*(self.providers.get(a, ()) for a in found)) - {skill}
-        if givers:
-            self.served.setdefault(skill, set()).update(givers)
+        with self._lock:
+            givers = set().union(*(self.providers.get(a, ()) for a in found)) - {skill}
+            if givers:
+                self.served.setdefault(skill, set()).update(givers)
         return found
 
     def returned(self, skill: SkillKey, inputs: set[Atom], value: Any, caller: SkillKey | None) -> None:
         """A call of ``skill`` returned ``value``; ``caller``: the innermost library skill still
         open (the skill it served), if any."""
-        self._provide(_result_atoms(value) - inputs, {skill})
-        if caller is not None and caller != skill:
-            self.served.setdefault(caller, set()).add(skill)
+        found = _result_atoms(value) - inputs
+        with self._lock:
+            self._provide(found, {skill})
+            if caller is not None and caller != skill:
+                self.served.setdefault(caller, set()).add(skill)
 
     def api_call(
         self,
@@ -170,16 +177,17 @@ class FlowTracker:
         ``works`` is ``tracking.does_work(app, api)``."""
         answer = (app, api) == COMPLETE
         args = atoms(dict(kwargs)) | (atoms(kwargs.get("answer"), whole=True) if answer else set())
-        sources = self._sources(args, kwargs)
         wrote = changed if changed is not None else works
-        if wrote:
-            self._credit(open_skills)
-        if wrote or answer:
-            self._credit(sources)
-        elif open_skills:
-            self.served.setdefault(open_skills[-1], set()).update(sources)
-        else:
-            self._provide(_result_atoms(value) - args, sources, replace=True)
+        with self._lock:
+            sources = self._sources(args, kwargs)
+            if wrote:
+                self._credit(open_skills)
+            if wrote or answer:
+                self._credit(sources)
+            elif open_skills:
+                self.served.setdefault(open_skills[-1], set()).update(sources)
+            else:
+                self._provide(_result_atoms(value) - args, sources, replace=True)
 
     def _sources(self, args: set[Atom], kwargs: Mapping[str, Any]) -> set[SkillKey]:
         out: set[SkillKey] = set()
