@@ -2,8 +2,8 @@
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/credit_replay.py FILE.jsonl [...] [--config C] [--rules api,flow] [--limit N]
 
-FILE is any JSON Lines file of chains: an evaluation's ``trajectories.*.jsonl`` or an RL run's
-``rollouts/step_*.jsonl``. Each chain runs again through the project's own ``ChainRunner`` in the
+FILE is any JSON Lines file of chains: an evaluation's ``trajectories.*.jsonl``, an RL run's
+``rollouts/step_*.jsonl``, or a step's journal (``step_*.partial.jsonl``: its groups' chains). Each chain runs again through the project's own ``ChainRunner`` in the
 sandbox (PocketWorld is deterministic), with a policy that writes the recorded completions turn by
 turn, once per rule: so the cells, the library each task loads and the outcomes are the recorded
 ones, and only the credit differs. ``--config`` must be the run's (its agent limits, skills and
@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 raise SystemExit(f"{path}:{n}: not a JSON line ({e.msg})") from None
             if isinstance(chain, dict) and chain.get("trajectories"):
                 chains.append(chain)
+            elif isinstance(chain, dict) and isinstance(chain.get("chains"), list):  # a step's journal
+                chains += [c for c in chain["chains"] if isinstance(c, dict) and c.get("trajectories")]
     started = [c for c in chains if c.get("start_library")]
     if started:  # the replay starts every chain from an empty library, as evaluations and RL do here
         raise SystemExit(

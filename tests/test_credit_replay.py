@@ -61,3 +61,13 @@ def test_a_chain_that_started_from_a_library_is_refused(tmp_path):
     record.write_text(dumps(c).replace('"start_library": []', '"start_library": [["get_email", "abc"]]') + "\n")
     with pytest.raises(SystemExit, match=r"1 chain\(s\) started from a non-empty library"):
         replay.main([str(record)])
+
+
+def test_a_steps_journal_is_read_as_its_groups_chains(tmp_path):
+    c, _ = chain("print(get_email())" + COMPLETE)
+    record = tmp_path / "step_000001.partial.jsonl"
+    record.write_text('{"key": "settings"}\n' + dumps({"group": 7, "chains": [c, c]}) + "\n")
+    (tmp_path / "config.yaml").write_text(CONFIG)
+    report = replay.main([str(record), "--config", str(tmp_path / "config.yaml")])
+    assert report["chains"] == 2 and report["mismatches"] == 0
+    assert report["rules"]["api"]["bonus_paid"] == 2 and report["rules"]["flow"]["bonus_paid"] == 0
