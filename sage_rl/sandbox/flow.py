@@ -12,15 +12,16 @@ paid like a real use. Under ``flow`` a skill's calls must also have an **effect*
   strings of 3 characters or more, the integers of 1000 or more (ids, counts and ratings below that
   are everywhere in a listing, so they identify nothing) and the other finite numbers (amounts)
   inside the returned value, walked through plain dicts, lists, tuples and sets only, so no
-  agent-defined method ever runs; a returned scalar counts whole, whatever its size (a count of 1
+  agent-defined method ever runs. A returned scalar counts whole, whatever its size (a count of 1
   submitted as the answer, an id), and so does the length of a returned container (the task's
-  ``len(notes_with_tag('health'))``, the commonest value derived from a skill's). A returned atom that was among the call's own arguments is not
-  the skill's (``find(name)`` returning ``name``); a string atom of 4 characters or more also
-  matches inside a longer argument (a message body);
+  ``len(notes_with_tag('health'))``, the commonest value derived from a skill's). A returned atom
+  that was among the call's own arguments is not the skill's (``find(name)`` returning ``name``);
+  a string atom of 4 characters or more also matches inside a longer argument (a message body);
 - the last source of an atom owns it: a read (an API call that changed nothing) made by the task's
   own code takes the atoms of its result (with its length, as for a skill's) for the providers of
-  its arguments' atoms (a token, an id a skill returned), and for nobody when it used none. So a skill called and ignored while the task
-  reads the same data itself is not paid when the task uses that data;
+  its arguments' atoms (a token, an id a skill returned), and for nobody when it used none. So a
+  skill called and ignored while the task reads the same data itself is not paid when the task
+  uses that data;
 - a skill T **serves** a skill S when T returned while S's call was open (a helper S called), when
   S was called with T's atoms among its arguments (``text_people(recent_senders(3), msg)``), or
   when a read made by S's code used T's atoms; an effect of S is then T's too.
@@ -32,7 +33,8 @@ counted per cell per skill (``CallRecord.effects``); the providers live as long 
 Limits, stated once: values match by value, so a value the task prints and the model types again
 counts (as it should), and so does any literal that happens to equal what a skill returned (a
 small count equal to the answer); a skill called after the task read the same data itself takes
-it back. At most ``MAX_ATOMS`` atoms are read from one value and ``MAX_PROVIDED`` remembered in
+it back; a value used only to decide (an ``if``, a filter whose result the task computes further)
+reaches nothing by value. At most ``MAX_ATOMS`` atoms are read from one value and ``MAX_PROVIDED`` remembered in
 all (past them nothing new is provided: less credit, never more).
 
 This module is imported by the template process: it imports nothing of the project.
