@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sage_rl.train.trainer import LoraConfig, Trainer, TrainerConfig
-from sage_rl.types import ExecResult, Outcome, Sample, StopReason, Task, Trajectory, Turn
+from sage_rl.types import CallRecord, ExecResult, Outcome, Sample, StopReason, Task, Trajectory, Turn
 
 torch.set_num_threads(1)
 VOCAB = 64
@@ -293,9 +293,33 @@ def test_batch_metrics_by_position():
     assert math.isnan(m["skill_use_success/k0"])
     assert m["gen_tokens_per_task"] == 2.0 and m["turns"] == 1.0
     assert m["env_error_rate"] == 0.0
+    assert m["skill_use_without_effect"] == 1.0  # the credited tasks' records show no effect
     env_failed = s(0, 0.0)
     env_failed = Sample(env_failed.group, replace(env_failed.trajectory, stop=StopReason.ENV_ERROR), 0.0, 0.0)
     assert batch_metrics([s(0, 1.0), env_failed])["env_error_rate"] == 0.5
+
+
+def test_skill_use_without_effect_counts_credits_whose_work_reached_nothing():
+    """The door ``skills.credit: api`` leaves open, as a rollout metric: of the tasks credited with
+    skills (and with call records), those none of whose credited skills has an effect."""
+    from sage_rl.train.logging import batch_metrics, without_effect
+
+    def traj(used, calls):
+        base = make_sample([1, 2], [([3, 4], [])], 0.0).trajectory
+        turn = replace(base.turns[0], result=ExecResult("", True, calls=calls))
+        return replace(base, turns=(turn,), skills_used=used)
+
+    reached = (CallRecord("f", "<skill:f>", 1, 0, 1, 1), CallRecord("g", "<skill:g>", 1, 0, 1, 0))
+    idle = (CallRecord("f", "<skill:f>", 1, 0, 1, 0),)
+    assert without_effect(traj(("f",), reached)) is False
+    assert without_effect(traj(("g", "f"), reached)) is False  # one credited skill reached the world
+    assert without_effect(traj(("g",), reached)) is True
+    assert without_effect(traj(("f",), idle)) is True
+    assert without_effect(traj(("f",), None)) is None  # no call records (AppWorld)
+    assert without_effect(traj((), reached)) is None  # nothing credited
+    samples = [Sample(((t.task.task_id,), 1), t, 0.0, 0.0) for t in
+               (traj(("f",), reached), traj(("f",), idle), traj(("f",), None), traj((), idle))]  # fmt: skip
+    assert batch_metrics(samples)["skill_use_without_effect"] == 0.5
 
 
 def test_metrics_logger_rows_offsets_and_truncation(tmp_path):

@@ -22,7 +22,7 @@ from typing import Any
 
 from sage_rl.files import json_lines
 from sage_rl.train.layout import RunFolder
-from sage_rl.types import Sample, StopReason
+from sage_rl.types import SKILL_ORIGIN_PREFIX, Sample, StopReason, Trajectory
 
 
 class MetricsLogger:
@@ -142,11 +142,28 @@ def batch_metrics(samples: Sequence[Sample]) -> dict[str, float]:
     return out
 
 
+def without_effect(traj: Trajectory) -> bool | None:
+    """Whether ``traj`` was credited with library skills none of whose work reached the world in it
+    (no ``CallRecord.effects``: the door ``skills.credit: api`` leaves open, closed under ``flow``);
+    None when it used no skill or its environment reports no call records."""
+    results = [turn.result for turn in traj.turns if turn.code]
+    if not traj.skills_used or any(r.calls is None for r in results):
+        return None
+    reached = {
+        rec.origin[len(SKILL_ORIGIN_PREFIX) : -1]
+        for r in results
+        for rec in r.calls or ()
+        if rec.from_library and rec.effects > 0
+    }
+    return not reached & set(traj.skills_used)
+
+
 def _rollout_stats(samples: Sequence[Sample], suffix: str) -> dict[str, float]:
     n = max(len(samples), 1)
     trajs = [s.trajectory for s in samples]
     used = [bool(t.skills_used) for t in trajs]
     used_ok = [t.outcome.success for t, u in zip(trajs, used, strict=True) if u]
+    idle = [w for w in map(without_effect, trajs) if w is not None]
     return {
         f"reward{suffix}": sum(s.reward for s in samples) / n,
         f"score{suffix}": sum(t.outcome.score for t in trajs) / n,
@@ -155,6 +172,8 @@ def _rollout_stats(samples: Sequence[Sample], suffix: str) -> dict[str, float]:
         f"env_error_rate{suffix}": sum(t.stop is StopReason.ENV_ERROR for t in trajs) / n,
         f"skill_use_rate{suffix}": sum(used) / n,
         f"skill_use_success{suffix}": sum(used_ok) / len(used_ok) if used_ok else float("nan"),
+        # of the tasks credited with skills, those whose skills' work reached nothing (0 under flow)
+        f"skill_use_without_effect{suffix}": sum(idle) / len(idle) if idle else float("nan"),
         f"skill_save_rate{suffix}": sum(bool(t.skills_saved) for t in trajs) / n,
         f"skills_saved{suffix}": sum(len(t.skills_saved) for t in trajs) / n,
         f"turns{suffix}": sum(len(t.turns) for t in trajs) / n,
