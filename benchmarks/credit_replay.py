@@ -3,14 +3,15 @@
     PYTHONPATH=$PWD .venv/bin/python benchmarks/credit_replay.py FILE.jsonl [...] [--config C] [--rules api,flow] [--limit N]
 
 FILE is any JSON Lines file of chains: an evaluation's ``trajectories.*.jsonl``, an RL run's
-``rollouts/step_*.jsonl``, or a step's journal (``step_*.partial.jsonl``: its groups' chains). Each chain runs again through the project's own ``ChainRunner`` in the
-sandbox (PocketWorld is deterministic), with a policy that writes the recorded completions turn by
-turn, once per rule: so the cells, the library each task loads and the outcomes are the recorded
-ones, and only the credit differs. ``--config`` must be the run's (its agent limits, skills and
-retrieval; default configs/laptop_recipe.yaml). Prints one JSON object: per rule the later tasks
-credited with an earlier task's skill (``used_from`` not empty) and those paid the bonus for it
-(credited and successful); the chains whose
-rewards differ between the first two rules, with the task and the skills concerned; and
+``rollouts/step_*.jsonl``, or a step's journal (``step_*.partial.jsonl``: its groups' chains).
+Each chain runs again through the project's own ``ChainRunner`` in the sandbox (PocketWorld is
+deterministic), with a policy that writes the recorded completions turn by turn, once per rule:
+so the cells, the library each task loads and the outcomes are the recorded ones, and only the
+credit differs. ``--config`` must be the run's (its agent limits, skills and retrieval; default
+configs/laptop_recipe.yaml). Prints one JSON object: per rule the later tasks credited with an
+earlier task's skill (``used_from`` not empty) and those paid the bonus for it (credited and
+successful); the chains whose rewards differ between the first two rules, with the tasks and the
+skills used under the second; and
 ``mismatches``, replayed tasks whose outcome, library or turns differ from the record (0 means the
 replay is faithful; ``mismatched`` says which and how).
 """
@@ -88,7 +89,7 @@ async def replay(chains: list[dict[str, Any]], rules: list[str], config: str) ->
             async with open_suite(cfg) as suite:
                 policy = Replay()
                 runner = build_runner(cfg, policy, suite)
-                for record in chains:
+                for i, record in enumerate(chains):
                     policy.load(record)
                     seq = [tasks.task_by_id(t["task"]["task_id"]) for t in record["trajectories"]]
                     chain = await runner.run(seq, Library())
@@ -102,10 +103,10 @@ async def replay(chains: list[dict[str, Any]], rules: list[str], config: str) ->
                             if why := _mismatch(r, t):
                                 report["mismatches"] += 1
                                 report["mismatched"].append({"task": t.task.task_id, "why": why})
-                    elif rule == rules[1] and rewards[rule][-1] != rewards[rules[0]][len(rewards[rule]) - 1]:
+                    elif rule == rules[1] and rewards[rule][i] != rewards[rules[0]][i]:
                         report["differ"].append({
                             "tasks": [t.task.task_id for t in chain.trajectories],
-                            "rewards": {rules[0]: list(rewards[rules[0]][len(rewards[rule]) - 1]), rule: list(rewards[rule][-1])},
+                            "rewards": {r: list(rewards[r][i]) for r in rules[:2]},
                             "skills_used": [list(t.skills_used) for t in chain.trajectories],
                         })  # fmt: skip
                     bar.advance(job)

@@ -34,8 +34,8 @@ Limits, stated once: values match by value, so a value the task prints and the m
 counts (as it should), and so does any literal that happens to equal what a skill returned (a
 small count equal to the answer); a skill called after the task read the same data itself takes
 it back; a value used only to decide (an ``if``, a filter whose result the task computes further)
-reaches nothing by value. At most ``MAX_ATOMS`` atoms are read from one value and ``MAX_PROVIDED`` remembered in
-all (past them nothing new is provided: less credit, never more).
+reaches nothing by value. At most ``MAX_ATOMS`` atoms are read from one value and ``MAX_PROVIDED``
+remembered in all (past them nothing new is provided: less credit, never more).
 
 This module is imported by the template process: it imports nothing of the project.
 """

@@ -190,7 +190,9 @@ class Session:
             raise ProtocolError(f"more than {2 * limit + 100} API calls in one cell")
         if self._calls > limit:
             return _error(f"API call limit reached: at most {limit} calls per cell")
-        before = self._state if self._state is not None or self.fingerprint is None else self.fingerprint()
+        if self.fingerprint is not None and self._state is None:
+            self._state = self.fingerprint()
+        before = self._state
         try:
             value = self.dispatch(app, api, kwargs)
         except Exception as e:  # any API failure is the agent's to read; BaseException propagates

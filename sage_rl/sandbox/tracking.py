@@ -120,13 +120,7 @@ class CallTracker:
         does work and the agent code that made it has that call's origin (module docstring), and
         follow the values (``flow.FlowTracker.api_call``). The library skills open count as the
         call's makers only when a skill's code made it (not the task's code, passed in as a callback)."""
-        stack = self.open.stack
-        maker = agent_origin(sys._getframe(1))
-        works = does_work(app, api)
-        if works and stack and stack[-1][1] == maker:
-            stack[-1][0] += 1
-        skills = [e[2] for e in stack if e[1].startswith(SKILL_ORIGIN_PREFIX)] if _is_skill(maker) else []
-        self.flow.api_call(skills, app, api, kwargs, value, changed, works)
+        record_api_call(self.open.stack, self.flow, agent_origin(sys._getframe(1)), app, api, kwargs, value, changed)
 
     def compile(self, code: str, origin: str) -> types.CodeType:
         """Compile agent code as ``origin`` with call tracking. Raises SyntaxError/ValueError as
@@ -195,7 +189,31 @@ def _is_skill(origin: str | None) -> bool:
     return origin is not None and origin.startswith(SKILL_ORIGIN_PREFIX)
 
 
-def _close(stack: list[list[Any]]) -> int:
+def record_api_call(
+    stack: list[list[Any]],
+    flow: FlowTracker,
+    maker: str | None,
+    app: str,
+    api: str,
+    kwargs: dict[str, Any],
+    value: Any,
+    changed: bool | None,
+) -> None:
+    """A successful API call made by agent code of origin ``maker`` while ``stack``'s calls ran
+    (``CallTracker.api_done``; the in-process tracer keeps the same stack)."""
+    works = does_work(app, api)
+    if works and stack and stack[-1][1] == maker:
+        stack[-1][0] += 1
+    skills = [e[2] for e in stack if _is_skill(e[1])] if _is_skill(maker) else []
+    flow.api_call(skills, app, api, kwargs, value, changed, works)
+
+
+def innermost_skill(stack: list[list[Any]]) -> tuple[str, str] | None:
+    """The key of the innermost library skill call open on ``stack``, if any."""
+    return next((e[2] for e in reversed(stack) if _is_skill(e[1])), None)
+
+
+def close_call(stack: list[list[Any]]) -> int:
     """End the innermost open call: its count of successful API calls, also added to its caller's
     when it has the caller's origin or is a library skill's (module docstring)."""
     if not stack:
@@ -224,13 +242,12 @@ def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., An
             value = fn(*args, **kwargs)
         except BaseException:
             n[1] += 1
-            _close(stack)
+            close_call(stack)
             raise
-        if _close(stack):
+        if close_call(stack):
             n[2] += 1
         if inputs is not None:
-            caller = next((e[2] for e in reversed(stack) if _is_skill(e[1])), None)
-            tracker.flow.returned(key, inputs, value, caller)
+            tracker.flow.returned(key, inputs, value, innermost_skill(stack))
         return value
 
     return tracked

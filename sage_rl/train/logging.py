@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from sage_rl.files import json_lines
+from sage_rl.skills.usage import SkillCredit, used_skills_from_calls
 from sage_rl.train.layout import RunFolder
-from sage_rl.types import SKILL_ORIGIN_PREFIX, Sample, StopReason, Trajectory
+from sage_rl.types import Sample, StopReason, Trajectory
 
 
 class MetricsLogger:
@@ -143,19 +144,13 @@ def batch_metrics(samples: Sequence[Sample]) -> dict[str, float]:
 
 
 def without_effect(traj: Trajectory) -> bool | None:
-    """Whether ``traj`` was credited with library skills none of whose work reached the world in it
-    (no ``CallRecord.effects``: the door ``skills.credit: api`` leaves open, closed under ``flow``);
-    None when it used no skill or its environment reports no call records."""
+    """Whether ``traj`` was credited with library skills none of which ``flow`` would credit: none
+    whose work reached the world in it (``CallRecord.effects``; the door ``skills.credit: api``
+    leaves open); None when it used no skill or its environment reports no call records."""
     results = [turn.result for turn in traj.turns if turn.code]
     if not traj.skills_used or any(r.calls is None for r in results):
         return None
-    reached = {
-        rec.origin[len(SKILL_ORIGIN_PREFIX) : -1]
-        for r in results
-        for rec in r.calls or ()
-        if rec.from_library and rec.effects > 0
-    }
-    return not reached & set(traj.skills_used)
+    return not used_skills_from_calls(results, traj.skills_used, SkillCredit.FLOW)
 
 
 def _rollout_stats(samples: Sequence[Sample], suffix: str) -> dict[str, float]:

@@ -18,7 +18,7 @@ from types import FrameType
 from typing import Any
 
 from sage_rl.sandbox.flow import FlowTracker
-from sage_rl.sandbox.tracking import agent_origin, does_work
+from sage_rl.sandbox.tracking import agent_origin, close_call, innermost_skill, record_api_call
 from sage_rl.types import SKILL_ORIGIN_PREFIX, CallRecord
 
 AGENT_ORIGINS = ("<cell-", SKILL_ORIGIN_PREFIX)
@@ -51,13 +51,7 @@ class CallTracer:
     def api_done(self, app: str, api: str, kwargs: dict, value: Any, changed: bool | None) -> None:
         """One API call succeeded: credit the innermost running agent call if the call does work and
         the agent code that made it has its origin; follow the values (``CallTracker.api_done``)."""
-        maker = agent_origin(sys._getframe(1))
-        works = does_work(app, api)
-        if works and self._open and self._open[-1][1] == maker:
-            self._open[-1][0] += 1
-        skill_made = maker is not None and maker.startswith(SKILL_ORIGIN_PREFIX)
-        skills = [e[2] for e in self._open if e[1].startswith(SKILL_ORIGIN_PREFIX)] if skill_made else []
-        self.flow.api_call(skills, app, api, kwargs, value, changed, works)
+        record_api_call(self._open, self.flow, agent_origin(sys._getframe(1)), app, api, kwargs, value, changed)
 
     def _on_call(self, frame: FrameType, event: str, arg: Any) -> Any:
         code = frame.f_code
@@ -71,9 +65,10 @@ class CallTracer:
         stack = self._open
         stack.append([0, code.co_filename, key])
         flow = self.flow
-        # the arguments, before the body rebinds them
-        plain = not code.co_flags & _SUSPENDS  # a generator's "return" events are its yields
-        inputs = flow.inputs(key, list(frame.f_locals.values()), {}) if plain and key[1].startswith(SKILL_ORIGIN_PREFIX) else None
+        # a library skill's arguments, before its body rebinds them; not a generator's (its
+        # "return" events are its yields)
+        skill = key[1].startswith(SKILL_ORIGIN_PREFIX) and not code.co_flags & _SUSPENDS
+        inputs = flow.inputs(key, list(frame.f_locals.values()), {}) if skill else None
 
         def local(frame: FrameType, event: str, arg: Any) -> Any:
             nonlocal raised
@@ -82,17 +77,14 @@ class CallTracer:
             elif event == "line":
                 raised = False
             elif event == "return":
-                made, origin, _ = stack.pop() if stack else (0, "", None)
-                if made and stack and (origin == stack[-1][1] or origin.startswith(SKILL_ORIGIN_PREFIX)):
-                    stack[-1][0] += made
+                made = close_call(stack)
                 if raised:
                     record[1] += 1
                 else:
                     if made:
                         record[2] += 1
                     if inputs is not None:
-                        caller = next((e[2] for e in reversed(stack) if e[1].startswith(SKILL_ORIGIN_PREFIX)), None)
-                        flow.returned(key, inputs, arg, caller)
+                        flow.returned(key, inputs, arg, innermost_skill(stack))
             return local
 
         return local
