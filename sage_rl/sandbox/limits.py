@@ -17,7 +17,15 @@ class SandboxLimits(Section):
     (the CPU budget, open files) start again with each episode.
     """
 
-    wall_timeout_s: float = Field(10.0, gt=0, le=3600, description="Wall-clock time per cell.")
+    wall_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description=(
+            "Wall-clock time per cell. Waiting for API answers is the environment's time and does not "
+            "count, up to as much again; waiting past that counts."
+        ),
+    )
     kill_grace_s: float = Field(
         2.0,
         gt=0,

@@ -62,6 +62,8 @@ class Session:
         self._busy = False
         self._calls = 0  # API calls in the current cell
         self._api_ok = 0  # of which succeeded (counted here, where the world is: ExecResult.api_ok)
+        self._deadline: asyncio.Timeout | None = None  # the running cell's kill deadline
+        self._latest = 0.0  # the latest it may be moved to (loop time)
 
     async def reset(self) -> None:
         """A fresh worker, namespace and scratch folder (the next episode)."""
@@ -142,8 +144,11 @@ class Session:
             "cpu": lim.cpu_seconds,
         }
         self._calls = self._api_ok = 0
+        # The worker's clock stops while it waits for an answer (up to as much again as the limit),
+        # so the deadline moves with each answer, never past twice the limit plus the grace.
+        self._latest = asyncio.get_running_loop().time() + 2 * lim.wall_timeout_s + lim.kill_grace_s
         try:
-            async with asyncio.timeout(lim.wall_timeout_s + lim.kill_grace_s):
+            async with asyncio.timeout(lim.wall_timeout_s + lim.kill_grace_s) as self._deadline:
                 worker.signal(signal.SIGCONT)
                 worker.channel.start_cell(encode(msg))
                 done = await worker.channel.wait()
@@ -175,9 +180,21 @@ class Session:
         except BaseException:
             self._end_worker()  # cancelled mid-cell: its state is unknown
             raise
+        finally:
+            self._deadline = None
 
     def _answer(self, msg: dict[str, Any]) -> bytes:
-        """The reply frame to one API call. Runs in the event loop, inside the channel's callback."""
+        """The reply frame to one API call. Runs in the event loop, inside the channel's callback;
+        the worker may run a whole limit's time more after it, so the kill deadline moves."""
+        frame = self._reply(msg)
+        deadline = self._deadline
+        if deadline is not None and not deadline.expired():
+            lim, now = self.limits, asyncio.get_running_loop().time()
+            later = max(deadline.when() or now, now + lim.wall_timeout_s + lim.kill_grace_s)
+            deadline.reschedule(min(self._latest, later))
+        return frame
+
+    def _reply(self, msg: dict[str, Any]) -> bytes:
         app, api, kwargs = msg.get("app"), msg.get("api"), msg.get("kwargs")
         if not (_public_name(app) and _public_name(api) and isinstance(kwargs, dict)):
             return _error(

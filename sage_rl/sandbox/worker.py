@@ -15,6 +15,7 @@ import resource
 import signal
 import sys
 import threading
+import time
 import traceback
 from typing import Any, NoReturn
 
@@ -77,7 +78,10 @@ class CappedOutput(io.TextIOBase):
 
 
 class _CellState:
-    """Flags the signal handler reads; it runs in the main thread between bytecodes."""
+    """Flags the signal handler reads; it runs in the main thread between bytecodes. Also the
+    cell's wall clock, which stops while the worker waits for an API call's answer: that time is
+    the environment's (a parent busy with a model step), not the code's, up to ``wait_credit_s``
+    (as much again as the limit) per cell; waiting past it counts."""
 
     def __init__(self) -> None:
         self.in_cell = False
@@ -86,6 +90,31 @@ class _CellState:
         self.fired: str | None = None
         self.timeout_s = 0.0
         self.cpu_s = 0
+        self.wait_credit_s = 0.0
+
+    def timeout_message(self) -> str:
+        return f"timed out after {self.timeout_s:g} s (wall-clock time limit per cell)"
+
+    def pause_clock(self) -> tuple[float, float] | None:
+        """(time left, when paused), or None where the clock is not running (outside a cell, or
+        already fired: the timeout is then pending)."""
+        if not self.in_cell:
+            return None
+        left, _ = signal.setitimer(signal.ITIMER_REAL, 0)
+        return (left, time.monotonic()) if left > 0 else None
+
+    def resume_clock(self, paused: tuple[float, float] | None) -> None:
+        if paused is None:
+            return
+        left, since = paused
+        waited = time.monotonic() - since
+        credit = min(waited, self.wait_credit_s)
+        self.wait_credit_s -= credit
+        left -= waited - credit
+        if left > 0:
+            signal.setitimer(signal.ITIMER_REAL, left)
+        elif self.pending is None:  # the uncredited wait used up the cell's time
+            self.fired = self.pending = self.timeout_message()
 
 
 class Bridge:
@@ -109,15 +138,18 @@ class Bridge:
             raise ValueError(f"{where}: arguments are too large ({len(frame)} bytes; limit {self.max_bytes})")
         main = threading.get_ident() == self.main_ident
         # A timeout signal arriving mid-exchange is deferred until the reply is read, so a frame
-        # is never half-read (see _on_limit_signal).
+        # is never half-read (see _on_limit_signal). The wall clock stops while the parent answers.
+        paused = None
         if main:
             self.state.in_bridge = True
+            paused = self.state.pause_clock()
         try:
             with self.lock:
                 self.chan.sock.sendall(frame)
                 reply = self.chan.recv()
         finally:
             if main:
+                self.state.resume_clock(paused)
                 self.state.in_bridge = False
         if main and self.state.pending is not None:
             message, self.state.pending = self.state.pending, None
@@ -225,7 +257,7 @@ class Runtime:
         if signum == signal.SIGXCPU:
             message = f"used more than {self.state.cpu_s} CPU seconds (CPU time limit per cell)"
         else:
-            message = f"timed out after {self.state.timeout_s:g} s (wall-clock time limit per cell)"
+            message = self.state.timeout_message()
         self.state.fired = message
         if self.state.in_bridge:
             self.state.pending = message
@@ -277,7 +309,7 @@ class Runtime:
             return False, False, format_exception(e)
 
     def _arm(self, timeout_s: float, cpu_s: int) -> None:
-        self.state.timeout_s, self.state.cpu_s = timeout_s, cpu_s
+        self.state.timeout_s, self.state.cpu_s, self.state.wait_credit_s = timeout_s, cpu_s, timeout_s
         self.state.pending = self.state.fired = None
         used = resource.getrusage(resource.RUSAGE_SELF)
         # RLIMIT_CPU counts whole seconds of the worker's life: round what was used *up*, so the cell
