@@ -11,7 +11,7 @@ import dataclasses
 import enum
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,11 +106,15 @@ class CheckResult:
 class Outcome:
     """The evaluation of one finished task: ``score`` is r in [0, 1] (SAGE.md section 4), the
     fraction of checks passed (``from_checks``; PocketWorld counts its collateral check only once
-    the task's own checks pass, ``checks.gated_outcome``); ``success``: every check passed."""
+    the task's own checks pass, ``checks.gated_outcome``); ``success``: every check passed.
+    ``lasting``: the episode's world changes (1, 2, ... in order, ``CallRecord.changes``) that
+    touched data still different from the task's start at the end; None where the environment
+    does not say (every change then counts as lasting)."""
 
     score: float
     success: bool
     checks: tuple[CheckResult, ...] = ()
+    lasting: tuple[int, ...] | None = None
 
     @classmethod
     def from_checks(cls, checks: tuple[CheckResult, ...]) -> Outcome:
@@ -121,7 +125,9 @@ class Outcome:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Outcome:
-        return cls(d["score"], d["success"], tuple(CheckResult(**c) for c in d.get("checks", ())))
+        lasting = d.get("lasting")
+        checks = tuple(CheckResult(**c) for c in d.get("checks", ()))
+        return cls(d["score"], d["success"], checks, None if lasting is None else tuple(lasting))
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,10 +197,13 @@ class CallRecord:
     AND made at least one successful API call while they ran, made by their own code, by functions
     of the same origin or by library skills they called (not by the task's code passed in as a
     callback; generator and async functions never count; sage_rl/sandbox/tracking.py). ``effects``
-    counts, for a library skill, the times this cell its work reached the world: an API call of its
-    own that changed it, or a value it returned (in this cell or an earlier one) passed to such a call
-    or submitted as the answer (sage_rl/sandbox/flow.py; a row may have ``calls`` 0). Records
-    written before issue 30 have no ``with_api``, before the ``flow`` credit no ``effects`` (read as 0).
+    counts, for a library skill, the events this cell by which its work reached the world: an API
+    call of its own that changed it, or a value it returned (in this cell or an earlier one) passed
+    to such a call or submitted as the answer (sage_rl/sandbox/flow.py; a row may have ``calls`` 0);
+    ``changes``: the world changes among them, by their order in the episode (the others are the
+    answer, or changes the environment could not number); ``Outcome.lasting`` says which lasted.
+    Records written before issue 30 have no ``with_api``, before the ``flow`` credit no ``effects``
+    (read as 0), before lasting changes no ``changes`` (their effects count as lasting).
     """
 
     name: str
@@ -203,6 +212,18 @@ class CallRecord:
     errors: int
     with_api: int = 0
     effects: int = 0
+    changes: tuple[int, ...] = ()
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CallRecord:
+        return cls(**{**d, "changes": tuple(d.get("changes", ()))})
+
+    def reached(self, lasting: Collection[int] | None) -> bool:
+        """Whether its work reached the world for good: an event that needs no lasting change (the
+        answer), or a change in ``lasting`` (None: the environment does not say; all count)."""
+        if self.effects > len(self.changes) or (lasting is None and self.effects > 0):
+            return True
+        return lasting is not None and any(c in lasting for c in self.changes)
 
     @property
     def from_library(self) -> bool:
@@ -241,7 +262,7 @@ class ExecResult:
         return cls(
             **{
                 **d,
-                "calls": None if calls is None else tuple(CallRecord(**c) for c in calls),
+                "calls": None if calls is None else tuple(CallRecord.from_dict(c) for c in calls),
                 "defined": None if defined is None else tuple(defined),
             }
         )

@@ -52,21 +52,22 @@ class Script:
     renderer = None
     name = "script"
 
-    def __init__(self, first: str, second: str) -> None:
-        self.first = first.replace("{answer}", _answer(TASKS[0]))
-        self.second = [c.replace("{answer}", _answer(TASKS[1])) for c in (second, COMPLETE.strip())]
+    def __init__(self, first: str, second: str, pair=TASKS) -> None:
+        self.first = first.replace("{answer}", _answer(pair[0]))
+        self.second = [c.replace("{answer}", _answer(pair[1])) for c in (second, COMPLETE.strip())]
+        self.pair = pair
 
     async def generate(self, request):
-        if request.task_id != TASKS[1].task_id:
+        if request.task_id != self.pair[1].task_id:
             code = self.first
         else:
             code = self.second[min(1, sum(m["role"] == "assistant" for m in request.messages))]
         return Completion(f"```python\n{code}\n```", completion_tokens=5)
 
 
-def chain(second: str, credit: str | None = "api", first: str = DEFINE):
-    """Run the two tasks (at most two turns each); return (chain, rewards without the no-code
-    penalty)."""
+def chain(second: str, credit: str | None = "api", first: str = DEFINE, pair=TASKS):
+    """Run the two tasks of ``pair`` (at most two turns each); return (chain, rewards without the
+    no-code penalty)."""
     from sage_rl.build import build_runner, open_suite
     from sage_rl.settings import RunConfig
 
@@ -79,7 +80,7 @@ def chain(second: str, credit: str | None = "api", first: str = DEFINE):
 
     async def go():
         async with open_suite(cfg) as suite:
-            return await build_runner(cfg, Script(first, second), suite).run(TASKS, Library())
+            return await build_runner(cfg, Script(first, second, pair), suite).run(pair, Library())
 
     c = asyncio.run(go())
     assert [t.outcome.success for t in c.trajectories] == [True, True], c.trajectories[1].turns[0].observation

@@ -188,7 +188,8 @@ def test_with_api_counts_returned_calls_that_made_a_successful_api_call(sandbox)
     )
 
     async def go():
-        session = await sandbox.acquire(world.dispatch)
+        # every call the world sees moves the fingerprint: each successful call is a change, numbered
+        session = await sandbox.acquire(world.dispatch, lambda: len(world.log))
         try:
             await session.execute(skill, skill_origin("fetch"))
             return await session.execute(cell, "<cell-0>")
@@ -200,13 +201,19 @@ def test_with_api_counts_returned_calls_that_made_a_successful_api_call(sandbox)
     r = asyncio.run(go())
     assert r.observation == "done\n", r.observation
     recs = {rec.name: rec for rec in r.calls}
-    # FakeWorld has no fingerprint: every successful call that works counts as changing the world,
+    # Every successful call changes the world here (changes 1-6 in order; the failed `nope` is none),
     # an effect of each library skill open while a skill's code made it (sandbox/flow.py): fetch's
-    # ok, raise and nested calls; inner's two; run's one through inner.
-    assert recs["fetch"] == CallRecord("fetch", skill_origin("fetch"), calls=4, errors=1, with_api=2, effects=3)
-    assert recs["inner"] == CallRecord("inner", skill_origin("fetch"), calls=2, errors=0, with_api=2, effects=2)
+    # ok, raise and nested calls (1, 2, 3); inner's two (3, and 6 through run); run's one (6).
+    assert recs["fetch"] == CallRecord(
+        "fetch", skill_origin("fetch"), calls=4, errors=1, with_api=2, effects=3, changes=(1, 2, 3)
+    )
+    assert recs["inner"] == CallRecord(
+        "inner", skill_origin("fetch"), calls=2, errors=0, with_api=2, effects=2, changes=(3, 6)
+    )
     assert recs["pure"] == CallRecord("pure", skill_origin("fetch"), calls=1, errors=0, with_api=0)
-    assert recs["run"] == CallRecord("run", skill_origin("fetch"), calls=3, errors=0, with_api=1, effects=1)
+    assert recs["run"] == CallRecord(
+        "run", skill_origin("fetch"), calls=3, errors=0, with_api=1, effects=1, changes=(6,)
+    )
     assert recs["mine"] == CallRecord("mine", "<cell-0>", calls=1, errors=0, with_api=1)
     assert r.api_ok == 6  # ok, raise (its API call succeeded), nested, lambda, mine, inner; not nope
 

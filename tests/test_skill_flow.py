@@ -54,46 +54,46 @@ S, T, U = ("find", "<skill:find>"), ("token", "<skill:token>"), ("other", "<skil
 def test_a_returned_value_counts_when_it_reaches_a_write_or_the_answer():
     f = FlowTracker()
     f.returned(S, f.inputs(S, ["lamp"], {}), {"id": 4711, "name": "lamp"}, None)
-    f.api_call([], "shop", "search", {"query": "x"}, [], changed=False, works=True)  # a read: no sink
+    f.api_call([], "shop", "search", {"query": "x"}, [], changed=0, works=True)  # a read: no sink
     assert f.effects == {}
-    f.api_call([], "shop", "buy", {"item_id": 4711}, None, changed=True, works=True)
-    assert f.effects == {S: 1}
+    f.api_call([], "shop", "buy", {"item_id": 4711}, None, changed=1, works=True)
+    assert f.effects == {S: {1}}
     f.start_cell()  # effects are per cell; providers are not
-    f.api_call([], "supervisor", "complete_task", {"answer": "4711"}, None, changed=False, works=False)
+    f.api_call([], "supervisor", "complete_task", {"answer": "4711"}, None, changed=0, works=False)
     assert f.effects == {}  # the answer "4711" is a string: not the number 4711
-    f.api_call([], "supervisor", "complete_task", {"answer": 4711}, None, changed=False, works=False)
-    assert f.effects == {S: 1}
+    f.api_call([], "supervisor", "complete_task", {"answer": 4711}, None, changed=0, works=False)
+    assert f.effects == {S: {0}}
 
 
 def test_a_returned_argument_is_not_the_skills_to_provide():
     f = FlowTracker()
     f.returned(S, f.inputs(S, ["lamp"], {"k": 9999}), {"name": "lamp", "k": 9999, "id": 1212, "n": 12}, None)
-    f.api_call([], "shop", "buy", {"name": "lamp", "k": 9999, "n": 12}, None, changed=True, works=True)
+    f.api_call([], "shop", "buy", {"name": "lamp", "k": 9999, "n": 12}, None, changed=1, works=True)
     assert f.effects == {}
-    f.api_call([], "shop", "buy", {"item_id": 1212}, None, changed=True, works=True)
-    assert f.effects == {S: 1}
+    f.api_call([], "shop", "buy", {"item_id": 1212}, None, changed=1, works=True)
+    assert f.effects == {S: {1}}
 
 
 def test_a_small_scalar_counts_only_as_a_whole_returned_value_and_strings_match_inside_text():
     f = FlowTracker()
     f.returned(S, set(), 1, None)
-    f.api_call([], "shop", "buy", {"qty": 1}, None, changed=True, works=True)
+    f.api_call([], "shop", "buy", {"qty": 1}, None, changed=1, works=True)
     assert f.effects == {}  # 1 inside arguments identifies nothing
-    f.api_call([], "supervisor", "complete_task", {"answer": 1}, None, changed=False, works=False)
-    assert f.effects == {S: 1}  # the whole answer
+    f.api_call([], "supervisor", "complete_task", {"answer": 1}, None, changed=0, works=False)
+    assert f.effects == {S: {0}}  # the whole answer
     f.start_cell()
     f.returned(T, set(), "Ann Lee", None)
-    f.api_call([], "mail", "send", {"body": "Dear Ann Lee, hello"}, None, changed=True, works=True)
-    assert f.effects == {T: 1}
+    f.api_call([], "mail", "send", {"body": "Dear Ann Lee, hello"}, None, changed=1, works=True)
+    assert f.effects == {T: {1}}
 
 
 def test_a_change_made_by_a_skill_is_its_effect_and_its_servers():
     f = FlowTracker()
     f.returned(T, set(), "tok-123", S)  # token returned inside find: token served find
-    f.api_call([S], "shop", "buy", {"item_id": 5}, None, changed=True, works=True)
-    assert f.effects == {S: 1, T: 1}
+    f.api_call([S], "shop", "buy", {"item_id": 5}, None, changed=1, works=True)
+    assert f.effects == {S: {1}, T: {1}}
     f.start_cell()
-    f.api_call([S], "shop", "touch", {}, None, changed=False, works=True)  # a call that changed nothing
+    f.api_call([S], "shop", "touch", {}, None, changed=0, works=True)  # a call that changed nothing
     assert f.effects == {}
 
 
@@ -101,16 +101,16 @@ def test_values_flow_through_the_tasks_own_reads_and_through_a_skills_reads():
     f = FlowTracker()
     f.returned(T, set(), "tok-123", None)
     # the task logs in through the skill and reads with the token: the ids it gets carry the token's provider
-    f.api_call([], "shop", "search", {"token": "tok-123"}, [{"id": 7700}], changed=False, works=True)
-    f.api_call([], "shop", "buy", {"item_id": 7700}, None, changed=True, works=True)
-    assert f.effects == {T: 1}
+    f.api_call([], "shop", "search", {"token": "tok-123"}, [{"id": 7700}], changed=0, works=True)
+    f.api_call([], "shop", "buy", {"item_id": 7700}, None, changed=1, works=True)
+    assert f.effects == {T: {1}}
     f.start_cell()
     f.returned(U, set(), "tok-999", None)
-    f.api_call([S], "shop", "search", {"token": "tok-999"}, [{"id": 8800}], changed=False, works=True)
+    f.api_call([S], "shop", "search", {"token": "tok-999"}, [{"id": 8800}], changed=0, works=True)
     assert f.effects == {} and f.served[S] == {U}  # find's read used other's token
     f.returned(S, set(), 88, None)
-    f.api_call([], "supervisor", "complete_task", {"answer": 88}, None, changed=False, works=False)
-    assert f.effects == {S: 1, U: 1}
+    f.api_call([], "supervisor", "complete_task", {"answer": 88}, None, changed=0, works=False)
+    assert f.effects == {S: {0}, U: {0}}
 
 
 def test_the_last_source_of_a_value_owns_it():
@@ -119,12 +119,12 @@ def test_the_last_source_of_a_value_owns_it():
     f = FlowTracker()
     listing = [{"email": "ann@x.com", "id": 1}, {"email": "bo@x.com", "id": 2}]
     f.returned(S, set(), listing, None)
-    f.api_call([], "mail", "contacts", {}, listing, changed=False, works=True)  # the task's own read
-    f.api_call([], "mail", "send", {"to": "ann@x.com"}, None, changed=True, works=True)
+    f.api_call([], "mail", "contacts", {}, listing, changed=0, works=True)  # the task's own read
+    f.api_call([], "mail", "send", {"to": "ann@x.com"}, None, changed=1, works=True)
     assert f.effects == {}
     f.returned(S, set(), listing, None)
-    f.api_call([], "mail", "send", {"to": "bo@x.com"}, None, changed=True, works=True)
-    assert f.effects == {S: 1}
+    f.api_call([], "mail", "send", {"to": "bo@x.com"}, None, changed=1, works=True)
+    assert f.effects == {S: {1}}
 
 
 def test_without_a_fingerprint_every_working_call_is_a_sink_and_an_effect():
@@ -133,7 +133,7 @@ def test_without_a_fingerprint_every_working_call_is_a_sink_and_an_effect():
     f.api_call([], "shop", "search", {"token": "tok-123"}, [], changed=None, works=True)
     f.api_call([S], "shop", "search", {}, [], changed=None, works=True)
     f.api_call([U], "api_docs", "show", {}, [], changed=None, works=False)
-    assert f.effects == {T: 1, S: 1}
+    assert f.effects == {T: {0}, S: {0}}
 
 
 # -- both executors ----------------------------------------------------------------------------------
@@ -213,10 +213,13 @@ def test_both_executors_follow_the_values_the_same_way(sandbox, cell):
         await ex.execute(SKILLS, skill_origin("buy"))
         return await ex.execute(cell, "<cell-0>")
 
+    changes = []
     for run in (sandboxed, in_process):
         result = asyncio.run(run(Shop()))
         assert result.ok, result.observation
         assert _effects(result) == CASES[cell], run.__name__
+        changes.append({r.name: r.changes for r in result.calls})
+    assert changes[0] == changes[1]  # the same world changes, numbered alike
 
 
 def test_a_value_returned_in_one_cell_counts_when_a_later_cell_uses_it(sandbox):
@@ -290,10 +293,10 @@ def test_the_length_of_a_returned_container_counts_whole():
     listing skill (12 of 120 expert chains went unpaid before lengths counted)."""
     f = FlowTracker()
     f.returned(S, set(), [{"id": 1}, {"id": 2}, {"id": 3}], None)
-    f.api_call([], "supervisor", "complete_task", {"answer": 2}, None, changed=False, works=False)
+    f.api_call([], "supervisor", "complete_task", {"answer": 2}, None, changed=0, works=False)
     assert f.effects == {}
-    f.api_call([], "supervisor", "complete_task", {"answer": 3}, None, changed=False, works=False)
-    assert f.effects == {S: 1}
+    f.api_call([], "supervisor", "complete_task", {"answer": 3}, None, changed=0, works=False)
+    assert f.effects == {S: {0}}
 
 
 def test_a_read_made_with_a_skills_token_passes_its_results_length_on():
@@ -302,12 +305,12 @@ def test_a_read_made_with_a_skills_token_passes_its_results_length_on():
     of a read the library's token helper made possible (2 of 244 bonuses in runs/laptop30 before)."""
     f = FlowTracker()
     f.returned(T, set(), "tok-123", None)
-    f.api_call([], "todo", "show_tasks", {"access_token": "tok-123"}, [{"id": 1}] * 8, changed=False, works=True)
-    f.api_call([], "supervisor", "complete_task", {"answer": 8}, None, changed=False, works=False)
-    assert f.effects == {T: 1}
+    f.api_call([], "todo", "show_tasks", {"access_token": "tok-123"}, [{"id": 1}] * 8, changed=0, works=True)
+    f.api_call([], "supervisor", "complete_task", {"answer": 8}, None, changed=0, works=False)
+    assert f.effects == {T: {0}}
     f.start_cell()
-    f.api_call([], "todo", "show_tasks", {"access_token": "tok-own"}, [{"id": 1}] * 8, changed=False, works=True)
-    f.api_call([], "supervisor", "complete_task", {"answer": 8}, None, changed=False, works=False)
+    f.api_call([], "todo", "show_tasks", {"access_token": "tok-own"}, [{"id": 1}] * 8, changed=0, works=True)
+    f.api_call([], "supervisor", "complete_task", {"answer": 8}, None, changed=0, works=False)
     assert f.effects == {}  # read again with a token of the task's own: the 8 is the task's
 
 
@@ -318,8 +321,8 @@ def test_a_value_passed_to_a_skill_that_changes_the_world_counts():
     f = FlowTracker()
     f.returned(T, set(), ["ann@x.com", "bo@x.com"], None)
     f.inputs(S, [["ann@x.com", "bo@x.com"], "Thanks!"], {})
-    f.api_call([S], "phone", "send_text", {"phone": "+1-555-0101"}, None, changed=True, works=True)
-    assert f.effects == {S: 1, T: 1}
+    f.api_call([S], "phone", "send_text", {"phone": "+1-555-0101"}, None, changed=1, works=True)
+    assert f.effects == {S: {1}, T: {1}}
 
 
 @pytest.mark.parametrize(
@@ -355,5 +358,5 @@ def test_hostile_values_cost_bounded_work_and_never_raise():
     assert len(atoms(list(range(10**6)))) < MAX_ATOMS  # a million ints: at most MAX_ATOMS looked at
     f = FlowTracker()
     f.returned(S, f.inputs(S, [10**400, loop], {"x": 10**500}), [10**400, loop, "x" * 10**6], None)
-    f.api_call([], "shop", "buy", {"n": 10**400, "t": "y" * 10**6}, None, changed=True, works=True)
+    f.api_call([], "shop", "buy", {"n": 10**400, "t": "y" * 10**6}, None, changed=1, works=True)
     assert f.effects == {}

@@ -170,7 +170,8 @@ class ChainRunner:
         if not loaded:
             return set()
         cells = [(t.code, t.result) for t in traj.turns if t.code]
-        return used_skills(cells, Library.of([s for s in visible if s.name in loaded]), self.skills.credit)
+        library = Library.of([s for s in visible if s.name in loaded])
+        return used_skills(cells, library, self.skills.credit, traj.outcome.lasting)
 
     def _saved(self, traj: Trajectory, library: Library, step: int) -> list[Skill]:
         if not self.skills.use_skills:

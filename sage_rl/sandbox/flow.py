@@ -27,8 +27,15 @@ paid like a real use. Under ``flow`` a skill's calls must also have an **effect*
   when a read made by S's code used T's atoms; an effect of S is then T's too.
 
 An environment that cannot compare states (``changed`` None) makes every successful API call that
-does work a sink and an effect of the open skills: ``flow`` then pays like ``api``. Effects are
-counted per cell per skill (``CallRecord.effects``); the providers live as long as the interpreter.
+does work a sink and an effect of the open skills: ``flow`` then pays like ``api``. The providers live
+as long as the interpreter.
+
+Each effect is an **event**: the answer (0), or the world change it rests on, by its order in the
+episode (1, 2, ...; 0 where the environment cannot tell). A change must also **last**: the
+environment says at the end which changes touched rows that still differ from the task's start
+(``Outcome.lasting``), so a skill whose write the task (or the skill) undid, or that created what
+was then deleted, is not paid (``skills/usage.py``). The events are kept per cell per skill
+(``CallRecord.effects``, ``CallRecord.changes``).
 
 Limits, stated once: values match by value, so a value the task prints and the model types again
 counts (as it should), and so does any literal that happens to equal what a skill returned (a
@@ -138,7 +145,7 @@ class FlowTracker:
     def __init__(self) -> None:
         self.providers: dict[Atom, set[SkillKey]] = {}
         self.served: dict[SkillKey, set[SkillKey]] = {}  # S -> skills whose values S's reads used
-        self.effects: dict[SkillKey, int] = {}
+        self.effects: dict[SkillKey, set[int]] = {}  # the events (module docstring) this cell
         # as the bridge and the call stacks are (tracking.py): threads, should agent code ever get
         # them (rules.py refuses `threading` today); no agent code runs under it
         self._lock = threading.Lock()
@@ -172,20 +179,22 @@ class FlowTracker:
         api: str,
         kwargs: Mapping[str, Any],
         value: Any,
-        changed: bool | None,
+        changed: int | None,
         works: bool,
     ) -> None:
         """A successful API call, made while ``open_skills`` (outermost first) ran its code;
-        ``works`` is ``tracking.does_work(app, api)``."""
+        ``changed``: 0 when it changed nothing, n when it was the episode's n-th change of the
+        world, None when the environment cannot tell; ``works`` is ``tracking.does_work(app, api)``."""
         answer = (app, api) == COMPLETE
         args = atoms(dict(kwargs)) | (atoms(kwargs.get("answer"), whole=True) if answer else set())
-        wrote = changed if changed is not None else works
+        wrote = changed > 0 if changed is not None else works
+        event = 0 if answer or not changed else changed
         with self._lock:
             sources = self._sources(args, kwargs)
             if wrote:
-                self._credit(open_skills)
+                self._credit(open_skills, event)
             if wrote or answer:
-                self._credit(sources)
+                self._credit(sources, event)
             elif open_skills:
                 self.served.setdefault(open_skills[-1], set()).update(sources)
             else:
@@ -219,12 +228,12 @@ class FlowTracker:
             elif known is not None or len(self.providers) < MAX_PROVIDED:
                 self.providers[a] = set(by)
 
-    def _credit(self, skills: Iterable[SkillKey]) -> None:
+    def _credit(self, skills: Iterable[SkillKey], event: int) -> None:
         todo, done = list(skills), set()
         while todo:
             s = todo.pop()
             if s in done:
                 continue
             done.add(s)
-            self.effects[s] = self.effects.get(s, 0) + 1
+            self.effects.setdefault(s, set()).add(event)
             todo.extend(self.served.get(s, ()))

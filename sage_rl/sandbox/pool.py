@@ -115,7 +115,8 @@ class Sandbox:
     async def acquire(self, dispatch: Dispatch, fingerprint: Fingerprint | None = None) -> Session:
         """A session with a fresh worker. ``dispatch`` runs in the parent for each ``apis`` call;
         ``fingerprint()``, where given, tells the world's states apart (equal values: the same
-        state), so that each call's reply says whether it changed the world (``sandbox/flow.py``)."""
+        state), so that each call's reply says whether it changed the world, and which change of
+        the episode it was: 1, 2, ... in order (``Session.changes``; ``sandbox/flow.py``)."""
         from sage_rl.sandbox.session import Session  # noqa: PLC0415 - session imports this module
 
         if self.isolation is None:

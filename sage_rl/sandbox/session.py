@@ -54,6 +54,7 @@ class Session:
     def __init__(self, sandbox: Sandbox, dispatch: Dispatch, fingerprint: Fingerprint | None = None) -> None:
         self.sandbox, self.dispatch, self.fingerprint = sandbox, dispatch, fingerprint
         self._state: Any = None  # the world's fingerprint after the last successful call
+        self.changes = 0  # successful calls this episode that changed the world (their ids: 1, 2, ...)
         self.limits = sandbox.limits
         self.scratch: Path | None = None
         self.isolation: IsolationReport | None = None
@@ -67,7 +68,7 @@ class Session:
 
     async def reset(self) -> None:
         """A fresh worker, namespace and scratch folder (the next episode)."""
-        self._state = None
+        self._state, self.changes = None, 0
         self._end_worker()
         self._remove_scratch()
         spare = self.sandbox.take_spare()
@@ -214,10 +215,13 @@ class Session:
             value = self.dispatch(app, api, kwargs)
         except Exception as e:  # any API failure is the agent's to read; BaseException propagates
             return _error(_message(e))
-        changed = None
+        changed = None  # the worker's flow tracker reads: None unknown, 0 nothing, n the n-th change
         if self.fingerprint is not None:  # a failed call changes nothing (Dispatch's contract)
             self._state = self.fingerprint()
-            changed = self._state != before
+            changed = 0
+            if self._state != before:
+                self.changes += 1
+                changed = self.changes
         try:
             frame = encode({"op": "ret", "ok": True, "value": value, "changed": changed})
         except (TypeError, ValueError) as e:
@@ -274,11 +278,19 @@ def _result(msg: dict[str, Any], output_chars: int) -> ExecResult:
 
 
 def _record(row: Any) -> CallRecord:
-    ok = isinstance(row, list) and len(row) == 6
-    if not (ok and isinstance(row[0], str) and isinstance(row[1], str) and all(_count(n) for n in row[2:])):
+    ok = isinstance(row, list) and len(row) == 6 and isinstance(row[5], list)
+    if not (ok and isinstance(row[0], str) and isinstance(row[1], str) and all(_count(n) for n in row[2:5])):
         raise ProtocolError("malformed call record")
-    name, origin, calls, errors, with_api, effects = row
-    return CallRecord(name, origin, calls, errors, with_api, effects)
+    name, origin, calls, errors, with_api, events = row
+    if len(events) > MAX_EVENTS or not all(_count(e) for e in events):
+        raise ProtocolError("malformed call record")
+    events = set(events)
+    changes = tuple(sorted(e for e in events if e > 0))
+    return CallRecord(name, origin, calls, errors, with_api, effects=len(events), changes=changes)
+
+
+#: Events one record may list: no more than the world changes an episode can make, and the answer.
+MAX_EVENTS = 100_000
 
 
 def _count(x: Any) -> bool:

@@ -114,13 +114,15 @@ class CallTracker:
         self.open = _OpenCalls()  # a call cut short by a timeout leaves nothing for the next cell
         self.flow.start_cell()
 
-    def api_done(self, app: str, api: str, kwargs: dict[str, Any], value: Any, changed: bool | None) -> None:
-        """One API call succeeded (``changed``: whether it changed the world; None where the
-        environment cannot tell): credit the innermost running call of this thread when the call
+    def api_done(self, app: str, api: str, kwargs: dict[str, Any], value: Any, changed: int | None) -> None:
+        """One API call succeeded (``changed``: 0 if it changed nothing, n if it was the episode's
+        n-th change of the world, None where the environment cannot tell): credit the innermost running call of this thread when the call
         does work and the agent code that made it has that call's origin (module docstring), and
         follow the values (``flow.FlowTracker.api_call``). The library skills open count as the
         call's makers only when a skill's code made it (not the task's code, passed in as a callback)."""
-        record_api_call(self.open.stack, self.flow, agent_origin(sys._getframe(1)), app, api, kwargs, value, changed)
+        record_api_call(
+            self.open.stack, self.flow, agent_origin(sys._getframe(1)), app, api, kwargs, value, changed
+        )
 
     def compile(self, code: str, origin: str) -> types.CodeType:
         """Compile agent code as ``origin`` with call tracking. Raises SyntaxError/ValueError as
@@ -142,12 +144,13 @@ class CallTracker:
         return new
 
     def records(self) -> list[list[Any]]:
-        """``[name, origin, calls, errors, with_api, effects]`` rows, sorted, for the functions
-        called this cell and the library skills whose work reached the world this cell."""
+        """``[name, origin, calls, errors, with_api, events]`` rows, sorted, for the functions
+        called this cell and the library skills whose work reached the world this cell (``events``:
+        the sorted list of ``flow``'s events, empty for the others)."""
         effects = self.flow.effects
-        rows = {key: [*key, *n, effects.get(key, 0)] for key, n in self.counts.items()}
+        rows = {key: [*key, *n, sorted(effects.get(key, ()))] for key, n in self.counts.items()}
         for key, e in effects.items():
-            rows.setdefault(key, [*key, 0, 0, 0, e])
+            rows.setdefault(key, [*key, 0, 0, 0, sorted(e)])
         return sorted(rows.values())
 
     def wrap(self, fn: Any) -> Any:
@@ -197,7 +200,7 @@ def record_api_call(
     api: str,
     kwargs: dict[str, Any],
     value: Any,
-    changed: bool | None,
+    changed: int | None,
 ) -> None:
     """A successful API call made by agent code of origin ``maker`` while ``stack``'s calls ran
     (``CallTracker.api_done``; the in-process tracer keeps the same stack)."""

@@ -159,7 +159,9 @@ class Bridge:
         if reply.get("ok"):
             value, changed = reply.get("value"), reply.get("changed")
             if self.on_ok is not None:
-                self.on_ok(app, api, kwargs, value, changed if isinstance(changed, bool) else None)
+                self.on_ok(
+                    app, api, kwargs, value, changed if type(changed) is int and changed >= 0 else None
+                )
             return value
         raise ApiError(str(reply.get("error")))
 

@@ -12,8 +12,9 @@ credit rule) its work reached the world. Three credit rules (``SkillCredit``):
 - ``paper``: the paper's rule, a call counts when it returned without raising;
 - ``flow`` (default, since session 31): as ``api``, and the skill's work reached the world in the task: an API call of its own
   changed the world, or a value it returned was passed to such a call or submitted as the answer
-  (``CallRecord.effects``, ``sandbox/flow.py``). A read-only skill called and ignored while the task
-  is solved inline is paid under ``api``, not under ``flow``.
+  (``CallRecord.effects``, ``sandbox/flow.py``), and a change it rests on lasted to the end of the
+  task (``Outcome.lasting``: a write undone, a note created then deleted, pays nothing). A read-only
+  skill called and ignored while the task is solved inline is paid under ``api``, not under ``flow``.
 
 Two detectors, which agree on the shared corpus in ``tests/skill_corpus.py``:
 
@@ -60,10 +61,13 @@ def credited(rec: CallRecord, credit: SkillCredit) -> bool:
 
 
 def used_skills_from_calls(
-    results: Iterable[ExecResult], library_names: Collection[str], credit: SkillCredit = SkillCredit.FLOW
+    results: Iterable[ExecResult],
+    library_names: Collection[str],
+    credit: SkillCredit = SkillCredit.FLOW,
+    lasting: Collection[int] | None = None,
 ) -> set[str]:
     """Library skills whose library definition was called, and credited under ``credit``, in any
-    of ``results``."""
+    of ``results``; ``lasting``: the task's ``Outcome.lasting`` (``flow``)."""
     names = set(library_names)
     used: set[str] = set()
     reached: set[str] = set()  # skills whose work reached the world (``flow``), in any cell
@@ -76,7 +80,7 @@ def used_skills_from_calls(
                 continue
             if credited(rec, credit):
                 used.add(name)
-            if rec.effects > 0:
+            if rec.reached(lasting):
                 reached.add(name)
     return used & reached if credit is SkillCredit.FLOW else used
 
@@ -127,9 +131,13 @@ def used_skills_static(cells: Sequence[str], library: Library) -> set[str]:
 
 
 def used_skills(
-    cells: Sequence[tuple[str, ExecResult]], library: Library, credit: SkillCredit = SkillCredit.FLOW
+    cells: Sequence[tuple[str, ExecResult]],
+    library: Library,
+    credit: SkillCredit = SkillCredit.FLOW,
+    lasting: Collection[int] | None = None,
 ) -> set[str]:
-    """Library skills (canonical names) a task used, under ``credit``.
+    """Library skills (canonical names) a task used, under ``credit`` (``lasting``: the task's
+    ``Outcome.lasting``, read by ``flow``).
 
     With call records (every cell has them): a skill counts only when the records say its library
     definition ran and was credited AND the task's own code calls it (``used_skills_static``). Both
@@ -143,4 +151,4 @@ def used_skills(
     if not all(r.calls is not None for r in results):
         return static if credit is SkillCredit.PAPER else static & api_skills(library)
     names = set(library.names()) | set(library.aliases())
-    return {library.resolve(n) for n in used_skills_from_calls(results, names, credit)} & static
+    return {library.resolve(n) for n in used_skills_from_calls(results, names, credit, lasting)} & static

@@ -145,12 +145,12 @@ def batch_metrics(samples: Sequence[Sample]) -> dict[str, float]:
 
 def without_effect(traj: Trajectory) -> bool | None:
     """Whether ``traj`` was credited with library skills none of which ``flow`` would credit: none
-    whose work reached the world in it (``CallRecord.effects``; the door ``skills.credit: api``
+    whose work reached the world in it for good (``CallRecord.reached``; the door ``skills.credit: api``
     leaves open); None when it used no skill or its environment reports no call records."""
     results = [turn.result for turn in traj.turns if turn.code]
     if not traj.skills_used or any(r.calls is None for r in results):
         return None
-    return not used_skills_from_calls(results, traj.skills_used, SkillCredit.FLOW)
+    return not used_skills_from_calls(results, traj.skills_used, SkillCredit.FLOW, traj.outcome.lasting)
 
 
 def _rollout_stats(samples: Sequence[Sample], suffix: str) -> dict[str, float]:

@@ -46,12 +46,14 @@ class CallTracer:
     def records(self) -> tuple[CallRecord, ...]:
         effects = self.flow.effects
         keys = sorted(set(self._counts) | set(effects))
-        return tuple(CallRecord(*key, *self._counts.get(key, (0, 0, 0)), effects.get(key, 0)) for key in keys)
+        return tuple(_record(key, self._counts.get(key, (0, 0, 0)), effects.get(key, set())) for key in keys)
 
-    def api_done(self, app: str, api: str, kwargs: dict, value: Any, changed: bool | None) -> None:
+    def api_done(self, app: str, api: str, kwargs: dict, value: Any, changed: int | None) -> None:
         """One API call succeeded: credit the innermost running agent call if the call does work and
         the agent code that made it has its origin; follow the values (``CallTracker.api_done``)."""
-        record_api_call(self._open, self.flow, agent_origin(sys._getframe(1)), app, api, kwargs, value, changed)
+        record_api_call(
+            self._open, self.flow, agent_origin(sys._getframe(1)), app, api, kwargs, value, changed
+        )
 
     def _on_call(self, frame: FrameType, event: str, arg: Any) -> Any:
         code = frame.f_code
@@ -88,3 +90,8 @@ class CallTracer:
             return local
 
         return local
+
+
+def _record(key: tuple[str, str], counts: Any, events: set[int]) -> CallRecord:
+    changes = tuple(sorted(e for e in events if e > 0))
+    return CallRecord(*key, *counts, effects=len(events), changes=changes)

@@ -92,6 +92,19 @@ def diff(before: Db, after: Db) -> list[Change]:
     return out
 
 
+def rows(changes: list[Change]) -> frozenset[tuple[str, str, Any]]:
+    """The rows ``changes`` touch, as (app, table, key)."""
+    return frozenset((c.app, c.table, c.key) for c in changes)
+
+
+def lasting(steps: list[frozenset[tuple[str, str, Any]]], initial: Db, final: Db) -> tuple[int, ...]:
+    """Which of an episode's world changes lasted, by their order (1, 2, ...): those that touched
+    a row still different at the end from the start (``Outcome.lasting``). ``steps``: the rows each
+    change touched. A row created then deleted, or changed and changed back, is not."""
+    final_rows = rows(diff(initial, final))
+    return tuple(i for i, touched in enumerate(steps, 1) if touched & final_rows)
+
+
 _NUM = re.compile(r"^\$?\s*(-?\d+(?:\.\d+)?)\s*(?:\$|dollars?|usd)?$")
 
 

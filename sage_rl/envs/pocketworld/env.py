@@ -9,11 +9,13 @@ default): one async path, no thread in between.
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import random
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from sage_rl.envs.pocketworld import tasks
+from sage_rl.envs.pocketworld import checks, tasks
 from sage_rl.envs.pocketworld.executor import IN_PROCESS, Executor, Executors
 from sage_rl.envs.pocketworld.scenarios.base import TASKS_PER_SCENARIO
 from sage_rl.envs.pocketworld.world import Db, World
@@ -30,13 +32,32 @@ class PocketWorldEnv:
         self._world: World | None = None
         self._initial: Db | None = None
         self._executor: Executor | None = None
+        self._state = b""  # the world's fingerprint after the last successful call
+        self._steps: list[frozenset[tuple[str, str, Any]]] = []  # the rows each change touched
 
     async def reset(self, task: Task) -> None:
         await self.close()
         self._task = task
         self._world = tasks.world_for(task)
         self._initial = self._world.snapshot()
-        self._executor = await self._executors.open(self._world.call, self._world.fingerprint)
+        self._state, self._steps = self._world.fingerprint(), []
+        self._executor = await self._executors.open(self._call, self._changes)
+
+    def _call(self, app: str, api: str, kwargs: dict[str, Any]) -> Any:
+        """``world.call``, noting the rows a call that changed the world touched (a failed call
+        changes nothing), so that ``evaluate`` can say which changes lasted."""
+        assert self._world is not None
+        value = self._world.call(app, api, kwargs)
+        state = self._world.fingerprint()
+        if state != self._state:
+            self._steps.append(checks.rows(checks.diff(pickle.loads(self._state), self._world.db)))
+            self._state = state
+        return value
+
+    def _changes(self) -> int:
+        """The executors' fingerprint: the number of changes so far (equal: the same state), so
+        that their n-th change is ``_steps[n - 1]``."""
+        return len(self._steps)
 
     async def execute(self, code: str, origin: str) -> ExecResult:
         if self._executor is None or self._world is None:
@@ -47,7 +68,10 @@ class PocketWorldEnv:
     async def evaluate(self) -> Outcome:
         if self._task is None or self._world is None or self._initial is None:
             raise RuntimeError("PocketWorldEnv.evaluate before reset")
-        return tasks.evaluate_task(self._task, self._initial, self._world)
+        outcome = tasks.evaluate_task(self._task, self._initial, self._world)
+        return dataclasses.replace(
+            outcome, lasting=checks.lasting(self._steps, self._initial, self._world.db)
+        )
 
     @property
     def completed(self) -> bool:

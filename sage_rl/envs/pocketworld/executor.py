@@ -76,6 +76,7 @@ class InProcessExecutor:
         self._flow = FlowTracker()  # across cells, as in the sandbox's worker
         self._fingerprint = fingerprint
         self._api_ok = 0
+        self.changes = 0  # successful calls that changed the world (as Session.changes)
         self._ns: dict[str, object] = {
             "__builtins__": builtins,
             "__name__": "__agent__",
@@ -92,8 +93,13 @@ class InProcessExecutor:
             before = fingerprint() if fingerprint is not None else None
             value = dispatch(app, api, kwargs)
             self._api_ok += 1
+            changed = None  # as Session's: 0 nothing, n the episode's n-th change, None unknown
+            if fingerprint is not None:
+                changed = 0
+                if fingerprint() != before:
+                    self.changes += 1
+                    changed = self.changes
             if self._tracer is not None:
-                changed = None if fingerprint is None else fingerprint() != before
                 self._tracer.api_done(app, api, kwargs, value, changed)
             return value
 
