@@ -17,7 +17,7 @@ one of those fields counts as a refusal; other 400s, e.g. a too-long prompt, are
 
 Text: the reply's text is taken as the server sent it, except a lone surrogate (``"\\ud800"``, which
 a JSON body can spell but which is no character: UTF-8, tokenizers and the next request cannot
-carry it), replaced by U+FFFD (``types.valid_text``). Token ids, where returned, are kept exact.
+carry it), replaced by U+FFFD (``text.valid_text``). Token ids, where returned, are kept exact.
 
 Failures: 429, 5xx, timeouts and refused connections are retried with exponential backoff
 (``Retry-After`` is honoured); then, and for 401/403/404/other 4xx at once, an
@@ -33,7 +33,7 @@ from typing import Any, Literal
 import httpx
 
 from sage_rl.policies.base import Completion, PolicyRequest, SamplingParams
-from sage_rl.types import valid_text
+from sage_rl.text import valid_text
 
 _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 _MAX_RETRY_AFTER_S = 30.0

@@ -25,7 +25,8 @@ from sage_rl.agent.syntax import CodeError, parse_code
 from sage_rl.config import Section
 from sage_rl.envs.base import Environment
 from sage_rl.policies.base import Policy, PolicyRequest, SamplingParams
-from sage_rl.types import Completion, ExecResult, StopReason, Task, Turn, cell_origin, valid_text
+from sage_rl.text import valid_text
+from sage_rl.types import Completion, ExecResult, StopReason, Task, Turn, cell_origin
 
 #: What a turn without code gets back: a corrective observation, and no execution.
 NO_CODE_RESULT = ExecResult(NO_CODE_OBSERVATION, ok=False)

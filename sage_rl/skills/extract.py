@@ -37,7 +37,8 @@ from sage_rl.skills.record import (
     make_skill,
 )
 from sage_rl.skills.static import CallSimulator, parse_cell
-from sage_rl.types import ExecResult, source_lines
+from sage_rl.text import source_lines
+from sage_rl.types import ExecResult
 
 
 class SavePolicy(enum.StrEnum):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sage_rl.skills.record import Skill, SkillError, SkillTextError, check_field, split_definition
-from sage_rl.types import source_lines
+from sage_rl.text import source_lines
 
 HEADER = "# sage-rl skill"
 _HEADER_KEYS = ("name", "version", "tier", "uses", "successes", "depends_on", "content_hash", "provenance")

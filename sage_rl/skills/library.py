@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from sage_rl.skills.record import FunctionNode, Skill, function_node
-from sage_rl.types import skill_origin, source_lines
+from sage_rl.text import source_lines
+from sage_rl.types import skill_origin
 
 
 class AddStatus(enum.StrEnum):

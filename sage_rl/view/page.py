@@ -26,7 +26,7 @@ from pygments.lexers import PythonLexer, YamlLexer
 from pygments.styles import get_style_by_name
 from pygments.token import Token
 
-from sage_rl.types import valid_text
+from sage_rl.text import valid_text
 from sage_rl.view.chains import ChainOptions, section_view
 from sage_rl.view.collected import collect_sections
 from sage_rl.view.compare import CompareView, compare, compared_sections

@@ -30,7 +30,8 @@ from sage_rl.envs.pocketworld.proxy import Apis, Dispatch
 from sage_rl.sandbox.flow import FlowTracker
 from sage_rl.sandbox.pool import Fingerprint
 from sage_rl.sandbox.rules import refusal
-from sage_rl.types import ExecResult, source_lines
+from sage_rl.text import source_lines
+from sage_rl.types import ExecResult
 
 #: Observations longer than this are cut (the model's context is the scarce resource).
 MAX_OBSERVATION_CHARS = 20_000
