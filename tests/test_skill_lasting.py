@@ -120,3 +120,15 @@ def test_a_chain_pays_under_flow_only_for_changes_that_lasted(second, api_used, 
         assert made, "the skill changed nothing"
         lasting = set(second_task.outcome.lasting)
         assert made <= lasting if flow_used else made.isdisjoint(lasting), (made, lasting)
+
+
+def test_a_workers_event_list_is_checked_before_it_becomes_a_record():
+    from sage_rl.sandbox.protocol import ProtocolError
+    from sage_rl.sandbox.session import MAX_EVENTS, _record
+
+    row = ["f", "<skill:f>", 1, 0, 1]
+    assert _record([*row, [3, 0, 3]]) == CallRecord("f", "<skill:f>", 1, 0, 1, effects=2, changes=(3,))
+    assert _record([*row, []]) == CallRecord("f", "<skill:f>", 1, 0, 1)
+    for events in (2, [-1], [1.0], [True], ["1"], [0] * (MAX_EVENTS + 1), None):
+        with pytest.raises(ProtocolError, match="malformed call record"):
+            _record([*row, events])
