@@ -85,9 +85,9 @@ class Outcome:
     """The evaluation of one finished task: ``score`` is r in [0, 1] (SAGE.md section 4), the
     fraction of checks passed (``from_checks``; PocketWorld counts its collateral check only once
     the task's own checks pass, ``checks.gated_outcome``); ``success``: every check passed.
-    ``lasting``: the episode's world changes (1, 2, ... in order, ``CallRecord.changes``) that
-    touched data still different from the task's start at the end; None where the environment
-    does not say (every change then counts as lasting)."""
+    ``lasting``: the episode's world changes (1, 2, ... in order, ``CallRecord.changes``) whose
+    work is still there at the end (PocketWorld: a field holds what the change put there, and not
+    what it held at the start); None where the environment does not say (all count as lasting)."""
 
     score: float
     success: bool

@@ -16,16 +16,31 @@ from sage_rl.types import CallRecord, Outcome
 # -- which changes lasted, by hand -------------------------------------------------------------------
 
 
-def test_a_change_lasts_when_a_row_it_touched_differs_at_the_end():
-    initial = {"notes": {"notes": {1: {"t": "a"}, 2: {"t": "b"}}}}
-    final = {"notes": {"notes": {1: {"t": "a"}, 2: {"t": "B"}, 3: {"t": "new"}}}}
-    a, b, c, d = (("notes", "notes", k) for k in (1, 2, 3, 4))
-    # 1: row 1 edited; 2: row 2 edited; 3: row 1 edited back and row 3 created; 4: row 4 created;
-    # 5: row 4 deleted
-    steps = [frozenset({a}), frozenset({b}), frozenset({a, c}), frozenset({d}), frozenset({d})]
-    assert checks.lasting(steps, initial, final) == (2, 3)
-    assert checks.lasting([], initial, final) == ()
-    assert checks.lasting(steps, initial, initial) == ()
+def test_a_change_lasts_when_a_field_still_holds_what_it_put_there():
+    """Five changes of a notes table, worked by hand (each state a fresh copy, as the env keeps them)."""
+    s0 = {"notes": {"notes": {1: {"t": "a", "p": 1}, 2: {"t": "b", "p": 1}}}}
+    s1 = {"notes": {"notes": {1: {"t": "A", "p": 1}, 2: {"t": "b", "p": 1}}}}  # 1: note 1's title edited
+    s2 = {"notes": {"notes": {1: {"t": "A", "p": 1}, 2: {"t": "b", "p": 5}}}}  # 2: note 2's priority set to 5
+    s3 = {
+        "notes": {"notes": {1: {"t": "a", "p": 1}, 2: {"t": "b", "p": 5}, 3: {"t": "c"}}}
+    }  # 3: 1 back, 3 made
+    s4 = {"notes": {"notes": {1: {"t": "a", "p": 1}, 2: {"t": "b", "p": 9}, 3: {"t": "c"}, 4: {"t": "d"}}}}
+    s5 = {
+        "notes": {"notes": {1: {"t": "a", "p": 1}, 2: {"t": "b", "p": 9}, 3: {"t": "c"}}}
+    }  # 5: note 4 deleted
+    # 4: note 2's priority set again (to 9) and note 4 made
+    states = [s0, s1, s2, s3, s4, s5]
+    steps = [checks.touched(a, b) for a, b in zip(states, states[1:], strict=False)]
+    assert steps[0] == {("notes", "notes", 1, "t"): "A"}
+    assert steps[4] == {("notes", "notes", 4, "t"): checks.ABSENT}
+    # 1: title changed back by 3 -> no; 2: priority 5 overwritten by 9 -> no; 3: note 3 still there -> yes;
+    # 4: priority 9 still there -> yes (note 4 is gone, one field is enough); 5: deleted what the start lacked -> no
+    assert checks.lasting(steps, s0, s5) == (3, 4)
+    assert checks.lasting([], s0, s5) == ()
+    assert checks.lasting(steps, s0, s0) == ()
+    # deleting what the start had lasts
+    gone = {"notes": {"notes": {2: {"t": "b", "p": 1}}}}
+    assert checks.lasting([checks.touched(s0, gone)], s0, gone) == (1,)
 
 
 def test_a_record_reached_the_world_for_good_only_through_a_lasting_change_or_the_answer():

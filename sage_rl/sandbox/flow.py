@@ -32,9 +32,10 @@ as long as the interpreter.
 
 Each effect is an **event**: the answer (0), or the world change it rests on, by its order in the
 episode (1, 2, ...; 0 where the environment cannot tell). A change must also **last**: the
-environment says at the end which changes touched rows that still differ from the task's start
-(``Outcome.lasting``), so a skill whose write the task (or the skill) undid, or that created what
-was then deleted, is not paid (``skills/usage.py``). The events are kept per cell per skill
+environment says at the end which changes' work is still there (``Outcome.lasting``; PocketWorld:
+a field holds what the change put there, not what it held at the start), so a skill whose write the
+task (or the skill) undid or overwrote, or that created what was then deleted, is not paid
+(``skills/usage.py``). The events are kept per cell per skill
 (``CallRecord.effects``, ``CallRecord.changes``).
 
 Limits, stated once: values match by value, so a value the task prints and the model types again

@@ -92,17 +92,40 @@ def diff(before: Db, after: Db) -> list[Change]:
     return out
 
 
-def rows(changes: list[Change]) -> frozenset[tuple[str, str, Any]]:
-    """The rows ``changes`` touch, as (app, table, key)."""
-    return frozenset((c.app, c.table, c.key) for c in changes)
+#: A field (app, table, row key, field name) of the data.
+Field = tuple[str, str, Any, str]
+#: What a field of a missing row, or a missing field, holds (equal only to itself).
+ABSENT: Any = object()
 
 
-def lasting(steps: list[frozenset[tuple[str, str, Any]]], initial: Db, final: Db) -> tuple[int, ...]:
-    """Which of an episode's world changes lasted, by their order (1, 2, ...): those that touched
-    a row still different at the end from the start (``Outcome.lasting``). ``steps``: the rows each
-    change touched. A row created then deleted, or changed and changed back, is not."""
-    final_rows = rows(diff(initial, final))
-    return tuple(i for i, touched in enumerate(steps, 1) if touched & final_rows)
+def touched(before: Db, after: Db) -> dict[Field, Any]:
+    """The fields that differ between two states, with what ``after`` holds in them (``ABSENT``
+    for a removed row's fields). Both states must be copies no later change can mutate."""
+    out: dict[Field, Any] = {}
+    for c in diff(before, after):
+        b, a = c.before or {}, c.after or {}
+        for name in set(b) | set(a):
+            if b.get(name, ABSENT) != a.get(name, ABSENT):
+                out[(c.app, c.table, c.key, name)] = a.get(name, ABSENT)
+    return out
+
+
+def _value(db: Db, field: Field) -> Any:
+    app, table, key, name = field
+    row = db.get(app, {}).get(table, {}).get(key)
+    return ABSENT if row is None else row.get(name, ABSENT)
+
+
+def lasting(steps: list[dict[Field, Any]], initial: Db, final: Db) -> tuple[int, ...]:
+    """Which of an episode's world changes lasted, by their order (1, 2, ...): those that left a
+    field holding at the end what the change put there, and not what it held at the start
+    (``Outcome.lasting``). ``steps``: ``touched`` of each change. A row created then deleted, a
+    field changed back, or one changed again to something else, is not."""
+    return tuple(
+        i
+        for i, fields in enumerate(steps, 1)
+        if any((end := _value(final, f)) == left and end != _value(initial, f) for f, left in fields.items())
+    )
 
 
 _NUM = re.compile(r"^\$?\s*(-?\d+(?:\.\d+)?)\s*(?:\$|dollars?|usd)?$")

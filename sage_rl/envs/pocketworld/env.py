@@ -33,7 +33,7 @@ class PocketWorldEnv:
         self._initial: Db | None = None
         self._executor: Executor | None = None
         self._state = b""  # the world's fingerprint after the last successful call
-        self._steps: list[frozenset[tuple[str, str, Any]]] = []  # the rows each change touched
+        self._steps: list[dict[checks.Field, Any]] = []  # the fields each change set, and to what
 
     async def reset(self, task: Task) -> None:
         await self.close()
@@ -44,13 +44,13 @@ class PocketWorldEnv:
         self._executor = await self._executors.open(self._call, self._changes)
 
     def _call(self, app: str, api: str, kwargs: dict[str, Any]) -> Any:
-        """``world.call``, noting the rows a call that changed the world touched (a failed call
-        changes nothing), so that ``evaluate`` can say which changes lasted."""
+        """``world.call``, noting the fields a call that changed the world set, and to what (a
+        failed call changes nothing), so that ``evaluate`` can say which changes lasted."""
         assert self._world is not None
         value = self._world.call(app, api, kwargs)
         state = self._world.fingerprint()
-        if state != self._state:
-            self._steps.append(checks.rows(checks.diff(pickle.loads(self._state), self._world.db)))
+        if state != self._state:  # both states as copies: later calls mutate the world in place
+            self._steps.append(checks.touched(pickle.loads(self._state), pickle.loads(state)))
             self._state = state
         return value
 
