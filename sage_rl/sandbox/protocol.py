@@ -6,7 +6,8 @@ against ``max_bytes`` before it is buffered, and against the expected shape afte
 
 Messages (``op`` names the kind):
     parent -> worker   {"op": "exec", "code", "origin", "timeout", "cpu"}
-                       {"op": "ret", "ok": true, "value"} | {"op": "ret", "ok": false, "error"}
+                       {"op": "ret", "ok": true, "value", "changed"} | {"op": "ret", "ok": false, "error"}
+                       (``changed``: 0, n for the episode's n-th change of the world, or null)
     worker -> parent   {"op": "hello", "isolation": {...}}
                        {"op": "call", "app", "api", "kwargs"}
                        {"op": "done", "ok", "observation", "timed_out", "calls", "defined"}
