@@ -43,8 +43,8 @@ from sage_rl.build import build_policy, build_runner, build_suite
 from sage_rl.eval.runner import EvalConfig
 from sage_rl.rollout.batch import RolloutConfig, to_samples
 from sage_rl.skills.library import Library
+from sage_rl.text import dumps
 from sage_rl.train.logging import batch_metrics
-from sage_rl.types import dumps
 from sage_rl.view import build_html
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sage_rl.data.records import ChatExample, read_jsonl
-from sage_rl.types import dumps
+from sage_rl.text import dumps
 
 LEDGER = "progress.jsonl"
 LEDGER_VERSION = 1

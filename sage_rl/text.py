@@ -1,9 +1,15 @@
-"""Text as Python and the outside world see it: lines as Python counts them, and text that UTF-8 can
-encode (what sage-rl's records, tokenizers and pages need)."""
+"""Text as Python and the outside world see it: lines as Python counts them, text that UTF-8 can
+encode (what sage-rl's tokenizers and pages need), and records as JSON lines that no text can make
+fail (``dumps``)."""
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import json
 import re
+from collections.abc import Mapping
+from typing import Any
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -25,3 +31,27 @@ def source_lines(code: str) -> list[str]:
     and more, which Python allows in strings and comments: sliced by line number, such lines give
     the wrong text (a saved skill without its body)."""
     return _LINE_BREAK.split(code)
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Convert a (nested) dataclass / enum / tuple structure into plain JSON values."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(x) for x in obj]
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    return obj
+
+
+def dumps(obj: Any) -> str:
+    """One JSON line for a dataclass (or plain value), always encodable as UTF-8.
+
+    Text is kept as UTF-8 except what UTF-8 cannot encode: a lone surrogate (``"\\ud800"``, from a
+    malformed model reply or agent output) is written as its JSON escape, ``\\ud800``, so the line
+    reads back as the same string and no text can make writing it fail (docs/metrics.md)."""
+    text = json.dumps(to_jsonable(obj), ensure_ascii=False, sort_keys=True)
+    # Surrogates only occur inside JSON strings, where backslashreplace's \udXXX is a valid escape.
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

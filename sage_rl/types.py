@@ -1,43 +1,16 @@
 """The core data types of sage-rl, in one place.
 
-Every type here is a small frozen dataclass that round-trips through JSON (``to_dict`` /
+Every type here is a small frozen dataclass that round-trips through JSON (``text.dumps`` /
 ``from_dict``), so tasks, trajectories, chains and outcomes can be written to JSON Lines and read
 back. Group keys are tuples, never strings to be parsed (STYLE.md, principle 1).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import json
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-
-def to_jsonable(obj: Any) -> Any:
-    """Convert a (nested) dataclass / enum / tuple structure into plain JSON values."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(x) for x in obj]
-    if isinstance(obj, Mapping):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    return obj
-
-
-def dumps(obj: Any) -> str:
-    """One JSON line for a dataclass (or plain value), always encodable as UTF-8.
-
-    Text is kept as UTF-8 except what UTF-8 cannot encode: a lone surrogate (``"\\ud800"``, from a
-    malformed model reply or agent output) is written as its JSON escape, ``\\ud800``, so the line
-    reads back as the same string and no text can make writing it fail (docs/metrics.md)."""
-    text = json.dumps(to_jsonable(obj), ensure_ascii=False, sort_keys=True)
-    # Surrogates only occur inside JSON strings, where backslashreplace's \udXXX is a valid escape.
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
 
 # --------------------------------------------------------------------------------------------
 # Tasks and outcomes
@@ -195,6 +168,14 @@ class CallRecord:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CallRecord:
         return cls(**{**d, "changes": tuple(d.get("changes", ()))})
+
+    @classmethod
+    def of_row(cls, row: Sequence[Any]) -> CallRecord:
+        """From a tracker's ``[name, origin, calls, errors, with_api, events]`` (``flow``'s events:
+        0 the answer, n the episode's n-th change; sandbox/tracking.py)."""
+        *head, events = row
+        distinct = set(events)
+        return cls(*head, len(distinct), tuple(sorted(e for e in distinct if e > 0)))
 
     def reached(self, lasting: Collection[int] | None) -> bool:
         """Whether its work reached the world for good: an event that needs no lasting change (the

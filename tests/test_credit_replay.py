@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from test_reward_credit import COMPLETE, chain
 
-from sage_rl.types import dumps
+from sage_rl.text import dumps
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("credit_replay", ROOT / "benchmarks" / "credit_replay.py")

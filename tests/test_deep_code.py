@@ -23,7 +23,8 @@ from sage_rl.skills.library import Library
 from sage_rl.skills.record import SkillError, make_skill
 from sage_rl.skills.static import CallSimulator, global_calls, parse_cell
 from sage_rl.skills.usage import used_skills_static
-from sage_rl.types import CallRecord, ExecResult, StopReason, dumps
+from sage_rl.text import dumps
+from sage_rl.types import CallRecord, ExecResult, StopReason
 
 DASHES = "x = " + "-" * 3000 + "1"  # ~50 SmolLM2 tokens
 TILDES = "~" * 3000 + "1"

@@ -34,7 +34,8 @@ from sage_rl.rollout.journal import StepJournal
 from sage_rl.skills import Library, SkillError, make_skill
 from sage_rl.skills.extract import SavePolicy, extract_skills, function_source
 from sage_rl.skills.static import parse_cell
-from sage_rl.types import CallRecord, Completion, ExecResult, StopReason, dumps
+from sage_rl.text import dumps
+from sage_rl.types import CallRecord, Completion, ExecResult, StopReason
 
 #: Characters ``str.splitlines`` breaks at and Python's tokenizer does not.
 NOT_LINE_BREAKS = ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]

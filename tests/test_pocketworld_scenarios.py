@@ -16,7 +16,8 @@ from sage_rl.envs.pocketworld.generator import build_world
 from sage_rl.envs.pocketworld.scenarios import TEMPLATES, templates
 from sage_rl.envs.pocketworld.scenarios.base import SPLITS
 from sage_rl.envs.pocketworld.world import world_hash
-from sage_rl.types import Outcome, Task, dumps, skill_origin
+from sage_rl.text import dumps
+from sage_rl.types import Outcome, Task, skill_origin
 
 EVAL_SPLITS = ("dev", "test_normal", "test_challenge")
 
@@ -100,7 +101,7 @@ def test_tasks_are_deterministic_and_ids_round_trip():
 
 def test_worlds_and_tasks_do_not_depend_on_the_process_hash_seed():
     script = (
-        "import hashlib; from sage_rl.types import dumps; from sage_rl.envs.pocketworld import tasks;"
+        "import hashlib; from sage_rl.text import dumps; from sage_rl.envs.pocketworld import tasks;"
         "from sage_rl.envs.pocketworld.generator import build_world; from sage_rl.envs.pocketworld.world import world_hash;"
         "print(world_hash(build_world(99)), hashlib.sha256(''.join(dumps(t) for t in tasks.split_tasks('dev')).encode()).hexdigest())"
     )

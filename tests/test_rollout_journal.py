@@ -20,10 +20,10 @@ from sage_rl.rollout.episode import AgentConfig
 from sage_rl.rollout.journal import StepJournal, weights_digest
 from sage_rl.rollout.pool import Screen, in_force
 from sage_rl.skills.retrieval import RetrievalConfig, make_retriever
+from sage_rl.text import dumps
 from sage_rl.train import loop as loop_module
 from sage_rl.train.config import LoopConfig, TrainEvalConfig
 from sage_rl.train.logging import MetricsLogger
-from sage_rl.types import dumps
 
 
 class Stopped(BaseException):

@@ -61,7 +61,7 @@ def test_a_record_reached_the_world_for_good_only_through_a_lasting_change_or_th
 def test_an_outcome_keeps_its_lasting_changes_through_json():
     import json
 
-    from sage_rl.types import to_jsonable
+    from sage_rl.text import to_jsonable
 
     for outcome in (Outcome(1.0, True, (), (1, 3)), Outcome(1.0, True, (), ()), Outcome(0.5, False)):
         assert Outcome.from_dict(json.loads(json.dumps(to_jsonable(outcome)))) == outcome

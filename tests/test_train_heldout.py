@@ -11,7 +11,7 @@ from sage_rl.envs.pocketworld import tasks
 from sage_rl.envs.pocketworld.env import PocketWorldSuite
 from sage_rl.envs.pocketworld.scenarios import templates
 from sage_rl.settings import CollectConfig, EvalRunConfig, TrainConfig, known_splits
-from sage_rl.types import dumps
+from sage_rl.text import dumps
 
 HELDOUT = tasks.split_tasks("train_heldout")
 

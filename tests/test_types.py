@@ -1,6 +1,7 @@
 import json
 from pathlib import Path
 
+from sage_rl.text import dumps
 from sage_rl.types import (
     CallRecord,
     Chain,
@@ -11,7 +12,6 @@ from sage_rl.types import (
     Task,
     Trajectory,
     Turn,
-    dumps,
 )
 
 

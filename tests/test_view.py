@@ -219,7 +219,7 @@ def test_rewards_and_advantages_of_a_training_group_match_hand_worked_numbers(ev
 def test_start_library_skills_and_hostile_text_are_shown_safely(eval_run, tmp_path):
     """A skill from a start library (``eval library_store=...``) has no maker in the run: users link
     to its Skills entry. Agent-written text is escaped, whatever it holds."""
-    from sage_rl.types import dumps
+    from sage_rl.text import dumps
 
     chain = chains_of(eval_run / "trajectories.same_scenario.jsonl")[0]
     first, *rest = chain.trajectories

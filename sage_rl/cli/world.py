@@ -19,7 +19,8 @@ from rich.table import Table
 from sage_rl.envs.pocketworld import tasks as pw
 from sage_rl.envs.pocketworld.env import PocketWorldEnv
 from sage_rl.envs.pocketworld.executor import IN_PROCESS, Executors
-from sage_rl.types import Outcome, Task, cell_origin, to_jsonable
+from sage_rl.text import to_jsonable
+from sage_rl.types import Outcome, Task, cell_origin
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="PocketWorld: list, show, run and verify tasks."

@@ -165,7 +165,7 @@ def export_sharegpt(
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     data_file = out / f"{name}.json"
-    # a lone surrogate (UTF-8 cannot encode it) becomes its JSON escape, as in types.dumps
+    # a lone surrogate (UTF-8 cannot encode it) becomes its JSON escape, as in text.dumps
     data_file.write_text(
         json.dumps(rows, ensure_ascii=False, indent=1), encoding="utf-8", errors="backslashreplace"
     )

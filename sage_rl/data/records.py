@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sage_rl.types import Trajectory, dumps
+from sage_rl.text import dumps
+from sage_rl.types import Trajectory
 
 ROLES = ("system", "user", "assistant")
 

@@ -3,7 +3,7 @@
 Nothing finished is lost (issue 30): each chain is appended to its ``trajectories.<strategy>.jsonl``
 as it finishes (``ChainLog``, used by ``run_eval``), and ``write_run`` writes each part of the
 folder on its own, so a part that fails (a plot, a report) costs only itself. Records are written
-by ``types.dumps``, which no text can make fail.
+by ``text.dumps``, which no text can make fail.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from rich.table import Table
 
 from sage_rl.eval.ci import format_ci
 from sage_rl.eval.metrics import EvalMetrics
-from sage_rl.types import Chain, dumps
+from sage_rl.text import dumps
+from sage_rl.types import Chain
 
 log = logging.getLogger(__name__)
 

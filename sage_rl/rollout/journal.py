@@ -30,7 +30,8 @@ from typing import Any
 
 from sage_rl.rollout.chain import ChainRunner, run_group, start_fingerprint
 from sage_rl.skills.library import Library
-from sage_rl.types import Chain, Task, dumps
+from sage_rl.text import dumps
+from sage_rl.types import Chain, Task
 
 log = logging.getLogger(__name__)
 

@@ -53,7 +53,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 #: ``supervisor.complete_task``: its ``answer`` is a sink (sage_rl.sandbox.tracking.IDLE_APIS).
@@ -68,6 +68,30 @@ MAX_TEXT_CHARS = 20_000  # longer arguments are not searched for provided string
 
 Atom = tuple[str, Any]  # ("s", text) | ("n", float) | ("b", bool)
 SkillKey = tuple[str, str]  # (qualified name, origin), as in the call records
+
+
+class WorldChanges:
+    """Numbers an episode's changes of the world, as ``fingerprint()`` (any comparable state; None:
+    the environment cannot tell) tells them apart. Both executors call ``before()`` ahead of each API
+    call and ``after()`` once it succeeded: 0 (it changed nothing), n (the episode's n-th change),
+    or None (no fingerprint). A failed call changes nothing (Dispatch's contract)."""
+
+    def __init__(self, fingerprint: Callable[[], Any] | None) -> None:
+        self.fingerprint, self.count, self._state = fingerprint, 0, None
+
+    def before(self) -> None:
+        if self.fingerprint is not None and self._state is None:
+            self._state = self.fingerprint()
+
+    def after(self) -> int | None:
+        if self.fingerprint is None:
+            return None
+        state, before = self.fingerprint(), self._state
+        self._state = state
+        if state == before:
+            return 0
+        self.count += 1
+        return self.count
 
 
 def _number(v: Any) -> float | None:

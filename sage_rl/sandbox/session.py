@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sage_rl.sandbox.channel import WorkerChannel, WorkerHandle
+from sage_rl.sandbox.flow import WorldChanges
 from sage_rl.sandbox.isolation import IsolationReport
 from sage_rl.sandbox.protocol import ProtocolError, encode
 from sage_rl.sandbox.rules import refusal
@@ -53,8 +54,7 @@ class Session:
 
     def __init__(self, sandbox: Sandbox, dispatch: Dispatch, fingerprint: Fingerprint | None = None) -> None:
         self.sandbox, self.dispatch, self.fingerprint = sandbox, dispatch, fingerprint
-        self._state: Any = None  # the world's fingerprint after the last successful call
-        self.changes = 0  # successful calls this episode that changed the world (their ids: 1, 2, ...)
+        self.changes = WorldChanges(fingerprint)  # this episode's, numbered for the worker's flow tracker
         self.limits = sandbox.limits
         self.scratch: Path | None = None
         self.isolation: IsolationReport | None = None
@@ -68,7 +68,7 @@ class Session:
 
     async def reset(self) -> None:
         """A fresh worker, namespace and scratch folder (the next episode)."""
-        self._state, self.changes = None, 0
+        self.changes = WorldChanges(self.fingerprint)
         self._end_worker()
         self._remove_scratch()
         spare = self.sandbox.take_spare()
@@ -208,20 +208,12 @@ class Session:
             raise ProtocolError(f"more than {2 * limit + 100} API calls in one cell")
         if self._calls > limit:
             return _error(f"API call limit reached: at most {limit} calls per cell")
-        if self.fingerprint is not None and self._state is None:
-            self._state = self.fingerprint()
-        before = self._state
+        self.changes.before()
         try:
             value = self.dispatch(app, api, kwargs)
         except Exception as e:  # any API failure is the agent's to read; BaseException propagates
             return _error(_message(e))
-        changed = None  # the worker's flow tracker reads: None unknown, 0 nothing, n the n-th change
-        if self.fingerprint is not None:  # a failed call changes nothing (Dispatch's contract)
-            self._state = self.fingerprint()
-            changed = 0
-            if self._state != before:
-                self.changes += 1
-                changed = self.changes
+        changed = self.changes.after()
         try:
             frame = encode({"op": "ret", "ok": True, "value": value, "changed": changed})
         except (TypeError, ValueError) as e:
@@ -281,12 +273,10 @@ def _record(row: Any) -> CallRecord:
     ok = isinstance(row, list) and len(row) == 6 and isinstance(row[5], list)
     if not (ok and isinstance(row[0], str) and isinstance(row[1], str) and all(_count(n) for n in row[2:5])):
         raise ProtocolError("malformed call record")
-    name, origin, calls, errors, with_api, events = row
+    events = row[5]
     if len(events) > MAX_EVENTS or not all(_count(e) for e in events):
         raise ProtocolError("malformed call record")
-    events = set(events)
-    changes = tuple(sorted(e for e in events if e > 0))
-    return CallRecord(name, origin, calls, errors, with_api, effects=len(events), changes=changes)
+    return CallRecord.of_row(row)
 
 
 #: Events one record may list: no more than the world changes an episode can make, and the answer.

@@ -116,8 +116,9 @@ class CallTracker:
 
     def api_done(self, app: str, api: str, kwargs: dict[str, Any], value: Any, changed: int | None) -> None:
         """One API call succeeded (``changed``: 0 if it changed nothing, n if it was the episode's
-        n-th change of the world, None where the environment cannot tell): credit the innermost running call of this thread when the call
-        does work and the agent code that made it has that call's origin (module docstring), and
+        n-th change of the world, None where the environment cannot tell): credit the innermost
+        running call of this thread when the call does work and the agent code that made it has that
+        call's origin (module docstring), and
         follow the values (``flow.FlowTracker.api_call``). The library skills open count as the
         call's makers only when a skill's code made it (not the task's code, passed in as a callback)."""
         record_api_call(

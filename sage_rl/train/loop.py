@@ -31,13 +31,14 @@ from sage_rl.rollout.batch import rollout_step
 from sage_rl.rollout.chain import ChainRunner
 from sage_rl.rollout.journal import StepJournal, drop_others, journal_path, weights_digest
 from sage_rl.rollout.pool import PoolKind, ScreenedPool
+from sage_rl.text import dumps
 from sage_rl.train.checkpoint import save_checkpoint
 from sage_rl.train.config import LoopConfig, TrainEvalConfig
 from sage_rl.train.layout import RunFolder
 from sage_rl.train.logging import MetricsLogger, batch_metrics, read_metrics
 from sage_rl.train.same_run import MAY_DIFFER
 from sage_rl.train.trainer import Trainer
-from sage_rl.types import Chain, dumps
+from sage_rl.types import Chain
 
 
 @dataclasses.dataclass

@@ -239,7 +239,7 @@ def build_html(
     run_dir: str | Path, other: str | Path | None = None, page_size: int = 100, max_chars: int = 4000
 ) -> tuple[str, list[RunPage]]:
     """The page of ``run_dir`` (and ``other``, side by side, with a Compare tab). Always valid
-    UTF-8: a lone surrogate that a record kept (``types.dumps``) is shown as U+FFFD."""
+    UTF-8: a lone surrogate that a record kept (``text.dumps``) is shown as U+FFFD."""
     paths = [Path(run_dir)] + ([Path(other)] if other is not None else [])
     labels = _labels(paths)
     runs = [

@@ -46,7 +46,9 @@ class CallTracer:
     def records(self) -> tuple[CallRecord, ...]:
         effects = self.flow.effects
         keys = sorted(set(self._counts) | set(effects))
-        return tuple(_record(key, self._counts.get(key, (0, 0, 0)), effects.get(key, set())) for key in keys)
+        return tuple(
+            CallRecord.of_row([*key, *self._counts.get(key, (0, 0, 0)), effects.get(key, ())]) for key in keys
+        )
 
     def api_done(self, app: str, api: str, kwargs: dict, value: Any, changed: int | None) -> None:
         """One API call succeeded: credit the innermost running agent call if the call does work and
@@ -90,8 +92,3 @@ class CallTracer:
             return local
 
         return local
-
-
-def _record(key: tuple[str, str], counts: Any, events: set[int]) -> CallRecord:
-    changes = tuple(sorted(e for e in events if e > 0))
-    return CallRecord(*key, *counts, effects=len(events), changes=changes)

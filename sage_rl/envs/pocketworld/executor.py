@@ -27,7 +27,7 @@ from typing import Protocol
 from sage_rl.envs.pocketworld.api import ApiError
 from sage_rl.envs.pocketworld.calltrace import AGENT_ORIGINS, CallTracer
 from sage_rl.envs.pocketworld.proxy import Apis, Dispatch
-from sage_rl.sandbox.flow import FlowTracker
+from sage_rl.sandbox.flow import FlowTracker, WorldChanges
 from sage_rl.sandbox.pool import Fingerprint
 from sage_rl.sandbox.rules import refusal
 from sage_rl.text import source_lines
@@ -75,9 +75,8 @@ class InProcessExecutor:
     def __init__(self, dispatch: Dispatch, fingerprint: Fingerprint | None = None) -> None:
         self._tracer: CallTracer | None = None
         self._flow = FlowTracker()  # across cells, as in the sandbox's worker
-        self._fingerprint = fingerprint
+        self.changes = WorldChanges(fingerprint)  # numbered as the sandbox's Session numbers them
         self._api_ok = 0
-        self.changes = 0  # successful calls that changed the world (as Session.changes)
         self._ns: dict[str, object] = {
             "__builtins__": builtins,
             "__name__": "__agent__",
@@ -88,18 +87,13 @@ class InProcessExecutor:
     def _counted(self, dispatch: Dispatch) -> Dispatch:
         """``dispatch`` that counts each successful call and reports it, with whether it changed
         the world, to the cell's tracer (as the sandbox's parent and worker do)."""
-        fingerprint = self._fingerprint
+        changes = self.changes
 
         def call(app: str, api: str, kwargs: dict) -> object:
-            before = fingerprint() if fingerprint is not None else None
+            changes.before()
             value = dispatch(app, api, kwargs)
             self._api_ok += 1
-            changed = None  # as Session's: 0 nothing, n the episode's n-th change, None unknown
-            if fingerprint is not None:
-                changed = 0
-                if fingerprint() != before:
-                    self.changes += 1
-                    changed = self.changes
+            changed = changes.after()
             if self._tracer is not None:
                 self._tracer.api_done(app, api, kwargs, value, changed)
             return value

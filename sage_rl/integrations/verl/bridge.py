@@ -31,7 +31,8 @@ from sage_rl.rollout.chain import ChainRunner
 from sage_rl.rollout.rewards import nothing_sampled
 from sage_rl.settings import PocketWorldConfig, RunConfig
 from sage_rl.skills.library import Library
-from sage_rl.types import Chain, SamplingParams, Task, Trajectory, to_jsonable
+from sage_rl.text import to_jsonable
+from sage_rl.types import Chain, SamplingParams, Task, Trajectory
 
 
 @dataclass(frozen=True)
