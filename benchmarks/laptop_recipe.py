@@ -282,6 +282,7 @@ def table(done: dict[str, Any], cfg: TrainConfig, out: Path) -> dict[str, Any]:
         "sampled_token_budget": cfg.sampled_token_budget,
         **{f"sampled_tokens_{n}": rl.get(n, {}).get("sampled_tokens") for n in RL_START},
         **{f"rl_steps_{n}": rl.get(n, {}).get("steps") for n in RL_START},
+        **{f"rl_kept_{n}": rl.get(n, {}).get("kept") for n in RL_START},  # eval.keep: best's choice
         "rl_start": dict(RL_START),
         "rl": {"B": cfg.rollout.groups_per_step, "G": cfg.rollout.group_size, "K_sage": cfg.rollout.chain_length,
                "pool": str(cfg.rollout.pool), "screen_every": cfg.rollout.screen_every,

@@ -222,6 +222,13 @@ class TrainConfig(RunConfig, LoopConfig):
                 self.eval.split, "eval.split", "choosing checkpoints by its evaluations"
             )
         _not_heldout("rollout.split", self.rollout.split)
+        reported = ["train_heldout", *(self.recipe.eval.splits if self.recipe else [])]
+        if self.eval.keep == "best" and self.eval.split in reported:
+            raise ValueError(
+                f"eval.keep=best chooses the run's model by its evaluations on eval.split={self.eval.split!r}, "
+                "a split whose results are reported: the choice would fit them. Choose on a split of its own "
+                "(pocketworld: train_val)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -298,7 +305,7 @@ class CollectConfig(RunConfig, CollectSettings):
 
 
 #: Evaluation-only splits: what they measure is void once they are trained or collected on.
-HELDOUT_SPLITS = ("train_heldout",)
+HELDOUT_SPLITS = ("train_heldout", "train_val")
 
 
 def _not_heldout(key: str, split: str) -> None:

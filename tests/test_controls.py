@@ -46,7 +46,9 @@ def test_the_laptop_config_asks_for_the_issues_sizes(tmp_path):
     r = sage.rollout
     assert r.groups_per_step >= 8 and r.group_size >= 4 and r.chain_length == 2
     assert r.reward == "skill_integrated" and r.pool == "screened" and sage.trainer.warmup_steps > 0
-    assert sage.eval.every > 0 and sage.eval.split == "train_heldout" and sage.eval.scenarios
+    assert sage.eval.every > 0 and sage.eval.scenarios and sage.eval.before_after
+    # each arm ends with its best model by validation scenarios that no result reports
+    assert sage.eval.keep == "best" and sage.eval.split == "train_val"
     assert sage.recipe is None and sage.init_from == str(tmp_path / "sft" / "final")
     gpu = load_config(TrainConfig, ROOT / "configs/gpu_recipe.yaml", [])
     assert gpu.rollout.groups_per_step >= 8 and gpu.rollout.group_size >= 8

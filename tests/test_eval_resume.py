@@ -152,7 +152,7 @@ def test_a_split_that_grew_is_evaluated_further_on_its_new_scenarios_only(tmp_pa
     from sage_rl.recipe.pipeline import evaluate
 
     def seeds(n):
-        monkeypatch.setattr(tasks, "HELDOUT_SEEDS", range(2**31, 2**31 + n))
+        monkeypatch.setitem(tasks.SEEDED_SPLITS, "train_heldout", range(2**31, 2**31 + n))
         tasks.split_tasks.cache_clear()
 
     scope = "pocketworld.templates=[notes_count_tag,todo_count_open]"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sage_rl.envs.pocketworld import tasks
 from sage_rl.recipe.controls import MODELS, NO_LIBRARY, RL_START, screened_templates
 from sage_rl.recipe.pipeline import RecipeError
 from sage_rl.recipe.share import share_sft_stages, shared_stages
@@ -116,7 +117,7 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
         evals["sft_nolib"]["policy"]["model"] == evals["sft"]["policy"]["model"] == str(out / "sft" / "final")
     )
     assert evals["sage_nolib"]["policy"]["model"] == evals["sage"]["policy"]["model"]
-    assert evals["sage"]["policy"]["model"].startswith(str(out / "sage" / "checkpoints"))
+    assert evals["sage"]["policy"]["model"].startswith(str(out / "sage" / "best"))  # eval.keep: best
 
     # equal sampled tokens: each arm stops at the first step that reaches the same budget
     budget, saved = row["sampled_token_budget"], 0
@@ -124,15 +125,22 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
         rows = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
         totals = [r["sampled_tokens_total"] for r in rows if "sampled_tokens_total" in r]
         assert totals[-1] == row[f"sampled_tokens_{name}"] >= budget and all(t < budget for t in totals[:-1])
-        assert (out / name / "screens.jsonl").is_file() and "pool/size" in rows[0]  # the screened pool
+        first_step = next(r for r in rows if "sampled_tokens_total" in r)  # after the start's evaluation
+        assert (out / name / "screens.jsonl").is_file() and "pool/size" in first_step  # the screened pool
         # where the gain lies: on the templates the arm's screens drew, and off them (two templates here)
         assert row[f"pool_templates_{name}"] == sorted(screened_templates(out / name))
         assert all(f"heldout_tgc_{name}_minus_{RL_START[name]}_{p}" in row for p in ("pool", "offpool"))
-        # the curve starts from this arm's own start model on the loop's scenarios, never another's
-        start = json.loads((out / "eval" / f"{RL_START[name]}_train_heldout" / "outcomes.json").read_text())
-        first = start["outcomes"][0][1]
-        ok = [100.0 * s for _, sc, s in start["outcomes"] if sc == first]
-        assert row["curves"][name][0] == [0, sum(ok) / len(ok)]
+        # the curve starts from this arm's own start model on the loop's validation scenarios: its
+        # step-0 evaluation there (train_val: the recipe reports no evaluation of that split)
+        start = json.loads((out / name / "evals" / "step_000000.json").read_text())
+        assert {sc for _, sc, _ in start["outcomes"]} == {start["outcomes"][0][1]}  # eval.scenarios=1
+        assert start["outcomes"][0][0].split("-s")[0] in ("notes_count_tag", "todo_count_open")
+        assert int(start["outcomes"][0][1].split("-s")[1]) in tasks.VALIDATION_SEEDS
+        assert row["curves"][name][0] == [0, start["metrics"]["tgc"]]
+        # the model it ends with: the best of its evaluations (TGC, then SGC; a tie keeps the earlier)
+        scored = {int(p.stem[5:]): json.loads(p.read_text())["metrics"] for p in (out / name / "evals").iterdir()}
+        top = max(scored, key=lambda s: (scored[s]["tgc"], scored[s]["sgc"], -s))
+        assert row[f"rl_kept_{name}"] == {"step": top, "tgc": scored[top]["tgc"], "sgc": scored[top]["sgc"]}
         assert row["curves"][name][-1][0] == totals[-1]
         # the same curve paired with its start on the same tasks, from the loop's saved outcomes
         paired, points = row["curves_paired"][name], row["curves"][name][1:]

@@ -53,8 +53,9 @@ def test_three_fixed_scenarios_per_train_template_with_stable_ids():
         assert scenarios[30 * j : 30 * (j + 1)] == tuple(f"{name}-s{seed}" for name in order)
 
 
-def test_reference_solves_and_noop_fails_every_heldout_task():
-    for t in HELDOUT:
+@pytest.mark.parametrize("split", ["train_heldout", "train_val"])
+def test_reference_solves_and_noop_fails_every_task_of_the_split(split):
+    for t in tasks.split_tasks(split):
         env = SyncEnv()
         env.reset(t)
         env.execute(tasks.reference_solution(t), "<cell-1>")

@@ -15,22 +15,33 @@ from sage_rl.settings import TrainConfig
 from sage_rl.train.layout import RunFolder
 
 
-def _arms(done: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+def _arms(done: dict[str, Any], out: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """Each finished RL arm with its start model's and its own evaluation on the loop's split
-    (``eval.split``): (arm, start's evaluation, arm's evaluation)."""
+    (``eval.split``): (arm, start's evaluation, arm's evaluation). On a split the recipe does not
+    report (``train_val``, where ``eval.keep: best`` chooses), both are the run's own: its step-0
+    evaluation of the start model and its last one."""
     cfg: TrainConfig = done["cfg"]
     key = next((k for k, s in SPLITS.items() if s == cfg.eval.split), None)
     res = done["results"]
     if key is None:
-        return []
+        own = {arm: _own_ends(RunFolder.of(out / arm)) for arm in RL_START if arm in res}
+        return [(arm, *ends) for arm, ends in own.items() if ends is not None]
     return [(arm, res[start][key], res[arm][key]) for arm, start in RL_START.items() if arm in res]
+
+
+def _own_ends(run: RunFolder) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """A run's first (step 0) and last saved evaluations, or None without both."""
+    steps = sorted(int(p.stem.split("_")[1]) for p in run.evals.glob("step_*.json")) if run.evals.is_dir() else []
+    first = _saved_eval(run, 0) if steps and steps[0] == 0 else None
+    last = _saved_eval(run, steps[-1]) if len(steps) > 1 else None
+    return (first, last) if first and last else None
 
 
 def curves(done: dict[str, Any], out: Path) -> dict[str, list[tuple[int, float]]]:
     """Each RL arm's greedy TGC curve on the first ``eval.scenarios`` scenarios of ``eval.split``
     (``controls.curve``), from its own start model's measured TGC."""
     n = done["cfg"].eval.scenarios
-    return {arm: curve(start, final, jsonl_rows(out / arm / "metrics.jsonl"), n) for arm, start, final in _arms(done)}
+    return {arm: curve(start, final, jsonl_rows(out / arm / "metrics.jsonl"), n) for arm, start, final in _arms(done, out)}
 
 
 def paired_curves(done: dict[str, Any], out: Path) -> dict[str, list[list[float]]]:
@@ -39,11 +50,12 @@ def paired_curves(done: dict[str, Any], out: Path) -> dict[str, list[list[float]
     periodic evaluations' saved outcomes (``evals/step_NNNNNN.json``; runs from before they were
     saved have only the final point)."""
     table = {}
-    for arm, start, final in _arms(done):
+    for arm, start, final in _arms(done, out):
         run = RunFolder.of(out / arm)
         rows = [r for r in jsonl_rows(run.metrics) if "sampled_tokens_total" in r]
         if rows:
-            points = [(r["sampled_tokens_total"], ev) for r in rows if (ev := _saved_eval(run, r.get("step")))]
+            # the last step's point is the final one (its after-run evaluation, where it has one)
+            points = [(r["sampled_tokens_total"], ev) for r in rows[:-1] if (ev := _saved_eval(run, r.get("step")))]
             table[arm] = paired_curve(start, points, (rows[-1]["sampled_tokens_total"], final), done["cfg"].eval.scenarios)
     return table
 
@@ -87,7 +99,7 @@ def plot(done: dict[str, Any], out: Path, path: Path) -> None:
     ax1.set(title="Reward by chain position (sampled)", xlabel="sampled tokens", ylabel="mean reward")
     subset = done["cfg"].eval.scenarios
     ax2.set(
-        title=f"Greedy TGC, first {subset} held-out scenarios",
+        title=f"Greedy TGC, first {subset} scenarios of {done['cfg'].eval.split}",
         xlabel="sampled tokens",
         ylabel="TGC (%)",
         ylim=(0, 100),

@@ -35,6 +35,7 @@ from sage_rl.runs.eval import run_evaluation
 from sage_rl.runs.sft import run_sft
 from sage_rl.runs.train import run_train
 from sage_rl.settings import CollectConfig, EvalRunConfig, RecipeSettings, RunConfig, TrainConfig
+from sage_rl.train.best import read_best
 from sage_rl.train.checkpoint import latest_checkpoint
 from sage_rl.train.same_run import check_same_run
 from sage_rl.train.sft_config import SFTConfig
@@ -120,10 +121,11 @@ def sft_config(
 
 def train_config(cfg: TrainConfig, init_from: Path, folder: Path) -> TrainConfig:
     """``sage-rl train`` from the SFT model, without its own before/after evaluation (the recipe's
-    evaluations replace it)."""
+    evaluations replace it), unless it keeps its best model (``eval.keep: best``): then the start's
+    and the last model's evaluations on its validation split are two of those it chooses from."""
     data = cfg.model_dump(mode="json")
     data |= {"recipe": None, "init_from": str(init_from), "out_dir": str(folder)}
-    data["eval"] = {**data["eval"], "before_after": False}
+    data["eval"] = {**data["eval"], "before_after": cfg.eval.keep == "best"}
     return TrainConfig.model_validate(data)
 
 
@@ -317,7 +319,11 @@ def train_once(cfg: TrainConfig) -> dict:
 
 
 def final_model(run_dir: Path) -> str:
-    """The model folder of a training run's last checkpoint."""
+    """The model folder a training run ends with: the one it kept by its evaluations
+    (``eval.keep: best``, ``train/best.py``), else its last checkpoint's."""
+    kept = read_best(run_dir)
+    if kept is not None:
+        return str(kept[1])
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         raise RecipeError(f"{run_dir} has no checkpoint to evaluate")

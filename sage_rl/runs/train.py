@@ -9,6 +9,7 @@ trainer; the run folder's logger; the policy over the trained model), then ``ope
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -89,6 +90,8 @@ def _summary(r: TrainResult, wall: float) -> dict:
         "train_s": r.train_s,
         "before": {k: getattr(r.before, k) for k in pick} if r.before else None,
         "after": {k: getattr(r.after, k) for k in pick} if r.after else None,
+        # eval.keep: best: the model the run ends with (train/best.py); null: its last weights
+        "kept": dataclasses.asdict(r.best) if r.best else None,
     }
 
 
@@ -110,6 +113,12 @@ def _report(cfg: TrainConfig, r: TrainResult, summary: dict) -> str:
         lines += [
             f"| {a[0]} | {a[1]} | {b[1]} |"
             for a, b in zip(headline_rows(r.before), headline_rows(r.after), strict=True)
+        ]
+    if r.best:
+        lines += [
+            "",
+            f"The run's model is the best of its evaluations on `{cfg.eval.split}` (`eval.keep: best`): "
+            f"step {r.best.step} of {r.steps_done}, TGC {r.best.tgc:.1f}, SGC {r.best.sgc:.1f} (`best/`).",
         ]
     lines += [
         "",

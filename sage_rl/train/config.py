@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sage_rl.config import Section
 from sage_rl.eval.runner import EvalConfig
@@ -89,6 +89,19 @@ class TrainEvalConfig(Section):
     every: int = Field(0, ge=0, description="evaluate every N steps; 0 = only before and after")
     scenarios: int | None = Field(2, ge=1, description="first N scenarios of the split; null = all")
     before_after: bool = True
+    keep: Literal["last", "best"] = Field(
+        "last",
+        description="the run's model: its last weights, or the best-scoring of its evaluations (the "
+        "start's included; train/best.py). Choosing fits the split: use one no result reports (train_val)",
+    )
+
+    @model_validator(mode="after")
+    def _best_needs_the_start(self) -> TrainEvalConfig:
+        if self.keep == "best" and not self.before_after:
+            raise ValueError(
+                "eval.keep=best judges the start model too, before the first step: it needs eval.before_after=true"
+            )
+        return self
 
     def protocol(self, strategy: str) -> EvalConfig:
         """The evaluation to run: this split's first scenarios, all at once, with the training

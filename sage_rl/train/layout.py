@@ -7,6 +7,7 @@
     <run>/checkpoints/step_NNNNNN/         one checkpoint              (train/checkpoint.py)
     <run>/checkpoints/latest               the newest complete one's folder name
     <run>/evals/step_NNNNNN.json           a periodic greedy evaluation's outcomes (train/loop.py)
+    <run>/best/best.json, step_NNNNNN.*/   the model kept by its evaluations (train/best.py; eval.keep: best)
     <run>/summary.json, report.md, curves.png   written at the end     (runs/train.py)
 
 Every module that writes or reads one of these asks ``RunFolder`` for its path. SFT's output
@@ -79,6 +80,11 @@ class RunFolder:
     def latest(self) -> Path:
         """The text file naming the newest complete checkpoint folder."""
         return self.checkpoints / "latest"
+
+    @property
+    def best(self) -> Path:
+        """The model a run that keeps its best kept (``train/best.py``), and its record."""
+        return self.root / "best"
 
     @property
     def summary(self) -> Path:

@@ -6,6 +6,7 @@
         -> one optimizer step on exactly the sampled tokens      (train/trainer.py)
         -> sync(): the policy re-reads the new weights
         -> metrics, checkpoint, periodic greedy evaluation       (eval/runner.py)
+           (eval.keep: best keeps the best-scoring model, the start's included: train/best.py)
 
 The loop receives built objects (``sage_rl.build`` makes them): a chain runner whose policy
 samples with the very model object the trainer updates, the trainer, the metrics logger, and
@@ -32,6 +33,7 @@ from sage_rl.rollout.chain import ChainRunner
 from sage_rl.rollout.journal import StepJournal, drop_others, journal_path, weights_digest
 from sage_rl.rollout.pool import PoolKind, ScreenedPool
 from sage_rl.text import dumps
+from sage_rl.train.best import Best, KeepBest
 from sage_rl.train.checkpoint import save_checkpoint
 from sage_rl.train.config import LoopConfig, TrainEvalConfig
 from sage_rl.train.layout import RunFolder
@@ -49,6 +51,7 @@ class TrainResult:
     rollout_s: float
     train_s: float
     sampled_tokens: int = 0  # generated rollout tokens over the whole run (resumed steps included)
+    best: Best | None = None  # eval.keep: best: the kept model's evaluation
 
 
 def step_rng(seed: int, step: int) -> random.Random:
@@ -71,10 +74,11 @@ async def train(
     sampled tokens). ``runner.policy`` samples from ``trainer.model``; ``sync()`` is called after
     every step that updated the weights (``Training.sync``: the policy's ``weights_changed``)."""
     out = RunFolder.of(cfg.out_dir)
+    keep = KeepBest(out.root, cfg.eval.split) if cfg.eval.keep == "best" else None
     before = None
     if cfg.eval.before_after and start == 0:
         before = await _evaluate(runner, cfg.eval, 0, progress, out)
-        logger.log(0, _eval_row(before))
+        logger.log(0, _eval_row(before) | (keep.judge(trainer, 0, before) if keep else {}))
     job = progress.add_task("RL steps", total=cfg.steps, completed=start) if progress else None
     rollout_s = train_s = 0.0
     sampled, done = _sampled_so_far(out, start), start
@@ -112,7 +116,8 @@ async def train(
         row |= {"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "groups_reused": journal.reused}
         row |= {"sampled_tokens": step_tokens, "sampled_tokens_total": sampled}
         if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and not last:
-            row.update(_eval_row(await _evaluate(runner, cfg.eval, step + 1, progress, out)))
+            m = await _evaluate(runner, cfg.eval, step + 1, progress, out)
+            row |= _eval_row(m) | (keep.judge(trainer, step + 1, m) if keep else {})
         logger.log(step + 1, row)
         if (step + 1) % cfg.checkpoint_every == 0 or last:
             save_checkpoint(trainer, out.root, logger.offset(), keep_last=cfg.keep_last)
@@ -123,7 +128,9 @@ async def train(
         if last:
             break
     after = await _evaluate(runner, cfg.eval, done, progress, out) if cfg.eval.before_after else None
-    return TrainResult(done, before, after, rollout_s, train_s, sampled)
+    if keep and after:
+        keep.judge(trainer, done, after)
+    return TrainResult(done, before, after, rollout_s, train_s, sampled, keep.kept if keep else None)
 
 
 def _sampled_so_far(out: RunFolder, start: int) -> int:

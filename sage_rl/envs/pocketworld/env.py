@@ -85,7 +85,7 @@ class PocketWorldEnv:
 
 #: The splits a template scope narrows: the train templates' own (``dev`` and the test splits hold
 #: other templates, which a scope of train templates leaves as they are).
-SCOPED_SPLITS = ("train", tasks.HELDOUT_SPLIT)
+SCOPED_SPLITS = ("train", *tasks.SEEDED_SPLITS)
 
 
 def check_scope(names: Sequence[str]) -> tuple[str, ...]:
@@ -107,9 +107,9 @@ def check_scope(names: Sequence[str]) -> tuple[str, ...]:
 class PocketWorldSuite:
     """PocketWorld's tasks: fixed evaluation splits and unlimited train chains.
 
-    ``templates`` (a scope of train templates, None = all) narrows ``train`` and ``train_heldout``
-    to those templates: collection, RL rollouts and held-out evaluation then draw only them (the
-    main job's laptop curriculum, docs/recipe.md). It owns nothing that needs closing: the sandbox
+    ``templates`` (a scope of train templates, None = all) narrows ``train``, ``train_heldout`` and
+    ``train_val`` to those templates: collection, RL rollouts, validation and held-out evaluation
+    then draw only them (the main job's laptop curriculum, docs/recipe.md). It owns nothing that needs closing: the sandbox
     behind ``executors`` belongs to whoever made it.
     """
 

@@ -4,12 +4,14 @@ Task ids:
 - evaluation splits: ``<template>_<n>`` (the scenario is the template, seed 0), n = 1, 2, 3;
 - train: ``<template>-s<seed>_<n>`` (the scenario is the template with a scenario seed).
 
-Splits: the template splits (``train``, ``dev``, ``test_normal``, ``test_challenge``) and
-``train_heldout``: fixed scenarios of the *train* templates whose scenario seeds lie in
-``HELDOUT_SEEDS``, a range that training and collection never draw (``sample_chain`` draws train
-seeds from ``TRAIN_SEEDS``; the listed train scenarios use seed 0). It measures how well a policy
-does on the training distribution without having seen those very scenarios; ``dev`` measures
-unseen templates.
+Splits: the template splits (``train``, ``dev``, ``test_normal``, ``test_challenge``) and two of
+fixed scenarios of the *train* templates, at scenario seeds that training and collection never draw
+(``sample_chain`` draws train seeds from ``TRAIN_SEEDS``; the listed train scenarios use seed 0):
+- ``train_heldout`` (``HELDOUT_SEEDS``) measures how well a policy does on the training
+  distribution without having seen those very scenarios; ``dev`` measures unseen templates;
+- ``train_val`` (``VALIDATION_SEEDS``) is for choosing: an RL run that keeps its best checkpoint
+  (``eval.keep: best``) judges it here, so the reported ``train_heldout`` figures stay untouched by
+  the choice.
 """
 
 from __future__ import annotations
@@ -48,6 +50,13 @@ TRAIN_SEEDS = range(1, 2**31)
 #: its first 90 the three seeds' of the 270-task split, and any prefix spreads over the templates.
 HELDOUT_SPLIT = "train_heldout"
 HELDOUT_SEEDS = range(2**31, 2**31 + 7)
+#: The validation split and its seeds: outside ``TRAIN_SEEDS`` and far past any growth of
+#: ``HELDOUT_SEEDS``. Three scenarios per train template (90 scenarios, 270 tasks), seed-major as
+#: ``train_heldout`` but in a template order of its own, so any prefix spreads over the templates.
+VALIDATION_SPLIT = "train_val"
+VALIDATION_SEEDS = range(2**32, 2**32 + 3)
+#: The splits of fixed train-template scenarios, and their seeds.
+SEEDED_SPLITS = {HELDOUT_SPLIT: HELDOUT_SEEDS, VALIDATION_SPLIT: VALIDATION_SEEDS}
 
 _TRAIN_ID = re.compile(r"^(?P<template>[a-z0-9_]+)-s(?P<seed>\d+)_(?P<n>\d+)$")
 _EVAL_ID = re.compile(r"^(?P<template>[a-z0-9_]+)_(?P<n>\d+)$")
@@ -59,8 +68,11 @@ def scenarios_of_split(split: str) -> tuple[str, ...]:
 
 
 def task_split(template: Template, seed: int) -> str:
-    """The split a scenario belongs to: its template's, or ``train_heldout`` for a held-out seed."""
-    return HELDOUT_SPLIT if template.split == "train" and seed in HELDOUT_SEEDS else template.split
+    """The split a scenario belongs to: its template's, or ``train_heldout`` / ``train_val`` for a
+    train template at one of their seeds."""
+    if template.split == "train":
+        return next((split for split, seeds in SEEDED_SPLITS.items() if seed in seeds), "train")
+    return template.split
 
 
 def scenario_tasks(template: Template, seed: int, length: int = TASKS_PER_SCENARIO) -> tuple[Task, ...]:
@@ -76,25 +88,24 @@ def scenario_tasks(template: Template, seed: int, length: int = TASKS_PER_SCENAR
 def split_tasks(split: str) -> tuple[Task, ...]:
     """A fixed evaluation split (3 tasks per scenario, ordered by scenario then position).
     For ``train`` it returns scenario seed 0 of every train template (a sample, not the whole split).
-    ``train_heldout``: every train template at each held-out seed, seed by seed, each seed's
-    templates in a fixed shuffled order, so that its first N scenarios are a spread sample of the
-    templates and a seed added later only appends scenarios."""
-    if split == HELDOUT_SPLIT:
-        return tuple(
-            t for seed in HELDOUT_SEEDS for tpl in _heldout_order() for t in scenario_tasks(tpl, seed)
-        )
+    ``train_heldout`` and ``train_val``: every train template at each of the split's seeds, seed by
+    seed, each seed's templates in a fixed shuffled order of the split's own, so that its first N
+    scenarios are a spread sample of the templates and a seed added later only appends scenarios."""
+    if split in SEEDED_SPLITS:
+        order = _template_order(split)
+        return tuple(t for seed in SEEDED_SPLITS[split] for tpl in order for t in scenario_tasks(tpl, seed))
     return tuple(t for tpl in templates(split) for t in scenario_tasks(tpl, 0))
 
 
-def _heldout_order() -> list[Template]:
-    return sorted(templates("train"), key=lambda t: (stable_seed(HELDOUT_SPLIT, t.name), t.name))
+def _template_order(split: str) -> list[Template]:
+    return sorted(templates("train"), key=lambda t: (stable_seed(split, t.name), t.name))
 
 
 def sample_chain(rng: random.Random, length: int, split: str = "train") -> tuple[Task, ...]:
     """``length`` tasks of one scenario. Train: a random template and a scenario seed from
     ``TRAIN_SEEDS`` (unlimited, never a held-out seed); fixed splits: one of their scenarios
     (``length`` <= 3)."""
-    if split == HELDOUT_SPLIT:
+    if split in SEEDED_SPLITS:
         listed = split_tasks(split)
         scenarios = [listed[i : i + TASKS_PER_SCENARIO] for i in range(0, len(listed), TASKS_PER_SCENARIO)]
         return _cut(scenarios[rng.randrange(len(scenarios))], length)
@@ -156,8 +167,8 @@ def reference_solution(task: Task) -> str:
 
 
 def split_names() -> tuple[str, ...]:
-    """Every split of PocketWorld: the template splits, then ``train_heldout``."""
-    return (*SPLITS, HELDOUT_SPLIT)
+    """Every split of PocketWorld: the template splits, then ``train_heldout`` and ``train_val``."""
+    return (*SPLITS, *SEEDED_SPLITS)
 
 
 def stats() -> dict[str, Any]:
