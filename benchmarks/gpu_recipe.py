@@ -61,29 +61,49 @@ def rl_budget(
     ``left_s`` (None when not even one step of each fits), and the rule's arithmetic as text.
 
     The greedy evaluations of the SFT model (with and without its library) give the rate (their
-    generated tokens over their wall time); the RL arms get what is left after their evaluations,
-    a third each (``arms``), sampling ``SAMPLING_SHARE`` of the time; one step's worth is taken off,
-    since a run stops after the step that reaches the budget. With one arm (SAGE alone), its two
-    evaluations (sage, sage_nolib) count as ``EVAL_FACTOR`` / 2 x eval sft: four models' worth halved.
+    generated tokens over their wall time) and the time a task takes; the RL arms get what is left
+    after their evaluations, a third each (``arms``); of a run's time, its own evaluations of
+    ``eval.split`` (``loop_evals``: before and after, and every ``eval.every`` steps, 3 tasks a
+    scenario) are taken off, and it samples ``SAMPLING_SHARE`` of the rest; one step's worth is
+    taken off, since a run stops after the step that reaches the budget. With one arm (SAGE alone),
+    its two evaluations (sage, sage_nolib) count as ``EVAL_FACTOR`` / 2 x eval sft: four models'
+    worth halved.
     """
     ev_s = sft_done["times"]["eval sft"]
     metrics = [ev["metrics"] for m in ("sft", "sft_nolib") for ev in sft_done["results"][m].values()]
+    tasks = sum(m["tasks"] for m in metrics)
     tokens = sum(m["avg_tokens"] * m["tasks"] for m in metrics)
     rate = tokens / max(ev_s, 1e-9)
-    per_task = tokens / max(1, sum(m["tasks"] for m in metrics))
+    per_task = tokens / max(1, tasks)
     r = cfg.rollout
     step_tokens = r.group_size * r.groups_per_step * r.chain_length * per_task
     factor = EVAL_FACTOR if arms > 1 else EVAL_FACTOR / 2
     rl_s = max(0.0, left_s - factor * ev_s) / arms
-    sampled = SAMPLING_SHARE * rl_s * rate
+    task_s = ev_s / max(1, tasks)
+    sampled, own_s = loop_evals(cfg, rl_s, task_s, rate, step_tokens)
     head = (
         f"left {left_s:.0f} s - {factor} x eval sft {ev_s:.0f} s = {arms * rl_s:.0f} s for RL, "
-        f"{rl_s:.0f} s each; x {SAMPLING_SHARE} x {rate:.0f} tok/s (eval sft) = {sampled:.0f} tokens"
+        f"{rl_s:.0f} s each, {own_s:.0f} s of it its own evaluations; x {SAMPLING_SHARE} x {rate:.0f} tok/s "
+        f"(eval sft) = {sampled:.0f} tokens"
     )
     if sampled < step_tokens:
         return None, f"{head}, less than one step ({step_tokens:.0f} tok): RL not run"
     budget = max(1, int(sampled - step_tokens))
     return budget, f"{head} - one step ({step_tokens:.0f} tok) = {budget} tokens"
+
+
+def loop_evals(cfg: TrainConfig, rl_s: float, task_s: float, rate: float, step_tokens: float) -> tuple[float, float]:
+    """(tokens a run of ``rl_s`` seconds samples, seconds of it that its own evaluations take):
+    before and after (``eval.before_after``), then one every ``eval.every`` of the steps the time
+    left would buy, counted once (their time is not given back to sampling)."""
+    from sage_rl.envs.pocketworld.tasks import scenarios_of_split
+
+    e = cfg.eval
+    one_s = 3 * (e.scenarios or len(scenarios_of_split(e.split))) * task_s
+    own_s = 2 * one_s if e.before_after else 0.0
+    steps = SAMPLING_SHARE * max(0.0, rl_s - own_s) * rate / step_tokens
+    own_s += (int(steps) // e.every) * one_s if e.every else 0.0
+    return SAMPLING_SHARE * max(0.0, rl_s - own_s) * rate, own_s
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -40,20 +40,27 @@ def test_rl_budget_by_hand(monkeypatch):
     bench = _bench()
     cfg = load_config(TrainConfig, "configs/gpu_recipe.yaml", [])  # G = 8, B = 8, K = 2
     # eval sft (two models): 2 x (90 x 400 + 24 x 500) = 96,000 tokens in 100 s = 960 tok/s,
-    # 421.05 tokens a task; one step = 8 x 8 x 2 x 421.05 = 53,894.7 tokens.
-    # 1,200 s left: (1200 - 3 x 100) / 3 arms = 300 s a run, x 0.5 x 960 = 144,000 tokens; less one
-    # step: 90,105.
+    # 421.05 tokens a task; one step = 8 x 8 x 2 x 421.05 = 53,894.7 tokens. A task takes 100 / 228 =
+    # 0.4386 s, so one of a run's own evaluations (eval.scenarios 30: 90 tasks of train_val) 39.47 s;
+    # before and after: 78.95 s.
+    assert (cfg.eval.split, cfg.eval.scenarios, cfg.eval.every, cfg.eval.before_after) == ("train_val", 30, 2, True)
+    # 1,200 s left: (1200 - 3 x 100) / 3 arms = 300 s a run; 300 - 78.95 = 221.05 s x 0.5 x 960 =
+    # 106,105 tokens, 1.97 steps: no evaluation between steps; less one step: 52,210.
     budget, rule = bench.rl_budget(_sft_done(100.0), 1200.0, cfg)
-    assert budget == 90105 and rule.endswith("= 90105 tokens")
-    # 600 s left: 100 s a run, 48,000 tokens: less than one step, so no RL at all
+    assert budget == 52210 and rule.endswith("= 52210 tokens") and "79 s of it its own evaluations" in rule
+    # 3,000 s left: 900 s a run; 821.05 s buy 394,105 tokens, 7.3 steps: 3 evaluations between steps
+    # (118.42 s) more; 900 - 197.37 = 702.63 s x 480 = 337,263 tokens, less one step: 283,368.
+    assert bench.rl_budget(_sft_done(100.0), 3000.0, cfg)[0] == 283368
+    # 600 s left: 100 s a run, 21.05 s after its evaluations, 10,105 tokens: less than one step, so no RL
     budget, rule = bench.rl_budget(_sft_done(100.0), 600.0, cfg)
     assert budget is None and rule.endswith("RL not run")
     # no time left at all (the SFT evaluation alone overran): no RL either, not a negative budget
     assert bench.rl_budget(_sft_done(100.0), -50.0, cfg)[0] is None
-    # --until sage: one arm, whose two evaluations count 1.5 x eval sft: (600 - 150) s x 0.5 x 960 =
-    # 216,000 tokens, less one step: 162,105.
+    # --until sage: one arm, whose two evaluations count 1.5 x eval sft: 450 s; 371.05 s buy 3.3 steps:
+    # one evaluation between steps more: 450 - 118.42 = 331.58 s x 480 = 159,158 tokens, less one
+    # step: 105,263.
     budget, rule = bench.rl_budget(_sft_done(100.0), 600.0, cfg, arms=1)
-    assert budget == 162105 and rule.startswith("left 600 s - 1.5 x eval sft 100 s = 450 s for RL")
+    assert budget == 105263 and rule.startswith("left 600 s - 1.5 x eval sft 100 s = 450 s for RL")
 
 
 @pytest.mark.parametrize("deadline", [0.0, 3600.0], ids=["no-time-left", "time-for-rl"])
