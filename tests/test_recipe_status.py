@@ -68,6 +68,34 @@ def test_a_run_in_the_middle_of_its_stages(tmp_path):
     assert [s.state for s in stages(tmp_path / "nothing")] == ["pending"] * 23
 
 
+def test_an_arm_that_keeps_its_best_model_says_which(tmp_path):
+    """``eval.keep: best`` (train/best.py): the curve is named by its split and the kept step shown,
+    while the arm runs and once it is done; a damaged kept record reads as what it holds."""
+    out = tmp_path / "run"
+    _lines(out / "sage" / "metrics.jsonl", [
+        {"step": 0, "eval/tgc": 70.0, "eval/best_step": 0.0, "eval/best_tgc": 70.0},
+        {"step": 2, "sampled_tokens_total": 60_000, "success": 0.5, "eval/tgc": 76.7, "eval/best_step": 2.0,
+         "eval/best_tgc": 76.7},
+        {"step": 4, "sampled_tokens_total": 120_000, "success": 0.5, "eval/tgc": 72.2, "eval/best_step": 2.0,
+         "eval/best_tgc": 76.7},
+    ])  # fmt: skip
+    (out / "sage" / "config.yaml").write_text("sampled_token_budget: 400000\neval:\n  split: train_val\n  keep: best\n")
+    (out / "grpo_lib").mkdir(parents=True)
+    (out / "grpo_lib" / "summary.json").write_text(json.dumps({"steps": 12, "sampled_tokens": 401_000,
+                                                                "kept": {"step": 4, "tgc": 74.4, "sgc": 60.0}}))  # fmt: skip
+    (out / "grpo_nolib").mkdir(parents=True)
+    (out / "grpo_nolib" / "summary.json").write_text('{"steps": 3, "sampled_tokens": 9, "kept": {"tgc": "x"}}')
+    _written_at(out)
+    got = {s.name: (s.state, s.detail.removesuffix("; last written 0 min ago")) for s in stages(out, now=T)}
+    assert got["rl sage"] == (
+        "running",
+        "step 4: 120,000 / 400,000 sampled tokens, success 50.0%; train_val curve TGC 72.2% at step 4"
+        "; keeping step 2 (TGC 76.7%)",
+    )
+    assert got["rl grpo_lib"] == ("done", "steps 12, 401,000 sampled tokens, keeps step 4 (TGC 74.4%)")
+    assert got["rl grpo_nolib"] == ("done", "steps 3, 9 sampled tokens, keeps step None (TGC n/a)")
+
+
 def test_damaged_files_are_read_as_what_they_hold(tmp_path):
     out = tmp_path / "run"
     (out / "eval" / "base_dev").mkdir(parents=True)

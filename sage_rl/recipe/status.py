@@ -149,32 +149,41 @@ def sft(folder: Path, name: str) -> Stage:
 def rl(folder: Path, name: str) -> Stage:
     done = _json(folder / "summary.json")
     if done is not None:
+        kept = done.get("kept")  # eval.keep: best (train/best.py)
+        chose = f", keeps step {kept.get('step')} (TGC {_pct(kept.get('tgc'), 1)})" if isinstance(kept, dict) else ""
         return Stage(
-            name, "done", f"steps {done.get('steps')}, {_num(done.get('sampled_tokens'), ',')} sampled tokens"
+            name, "done", f"steps {done.get('steps')}, {_num(done.get('sampled_tokens'), ',')} sampled tokens{chose}"
         )
     if not folder.is_dir():
         return Stage(name, "pending")
-    budget = _budget(folder / "config.yaml")
+    config = _config(folder / "config.yaml")
+    budget = _get(config, "sampled_token_budget")
     rows = [r for r in jsonl_rows(folder / "metrics.jsonl") if "sampled_tokens_total" in r]
     if not rows:
         return Stage(name, "running", "step 1 in progress")
     last = rows[-1]
-    of = f" / {budget:,}" if budget else ""
+    of = f" / {budget:,}" if isinstance(budget, int) else ""
     parts = [
         f"step {last.get('step')}: {_num(last['sampled_tokens_total'], ',')}{of} sampled tokens, success {_pct(last.get('success'))}"
     ]
     curve = [r for r in rows if r.get("eval/tgc") is not None]
     if curve:
-        parts.append(f"held-out curve TGC {_pct(curve[-1]['eval/tgc'], 1)} at step {curve[-1].get('step')}")
+        split = _get(config, "eval", "split")
+        label = "held-out" if split in (None, "train_heldout") else str(split)
+        parts.append(f"{label} curve TGC {_pct(curve[-1]['eval/tgc'], 1)} at step {curve[-1].get('step')}")
+        if curve[-1].get("eval/best_step") is not None:
+            kept = f"keeping step {_num(curve[-1]['eval/best_step'], '.0f')}"
+            parts.append(f"{kept} (TGC {_pct(curve[-1].get('eval/best_tgc'), 1)})")
     return Stage(name, "running", "; ".join(parts))
 
 
-def _budget(config: Path) -> int | None:
+def _config(config: Path) -> dict[str, Any]:
+    """A run's saved settings, or {} when they cannot be read (the status only shows them)."""
     try:
-        value = _get(yaml.safe_load(config.read_text(encoding="utf-8")), "sampled_token_budget")
+        data = yaml.safe_load(config.read_text(encoding="utf-8"))
     except (OSError, ValueError, yaml.YAMLError):
-        return None
-    return value if isinstance(value, int) else None
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def last_written(folder: Path) -> float | None:
