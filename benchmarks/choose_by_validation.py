@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     models = _models(args.model)
     cfg = load_config(TrainConfig, args.config, args.overrides)
     r = cfg.recipe
-    if args.split in {"train_heldout", *(r.eval.splits if r else [])}:
+    if args.split in cfg.reported_splits():
         raise SystemExit(f"choose_by_validation: the results report {args.split}: choosing on it fits them (use train_val)")
     concurrency = r.eval.concurrency if r else 8
     found = {}

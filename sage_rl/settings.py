@@ -209,6 +209,11 @@ class TrainConfig(RunConfig, LoopConfig):
     wandb_project: str | None = None
     trackio_project: str | None = None
 
+    def reported_splits(self) -> set[str]:
+        """The splits whose results are reported (``train_heldout`` and the recipe's): choosing a
+        model on one of them (``eval.keep: best``) would fit what it reports."""
+        return {"train_heldout", *(self.recipe.eval.splits if self.recipe else [])}
+
     def splits(self) -> list[tuple[str, str]]:
         out = [("rollout.split", self.rollout.split), ("eval.split", self.eval.split)]
         return out + [("recipe.eval.splits", s) for s in (self.recipe.eval.splits if self.recipe else [])]
@@ -222,8 +227,7 @@ class TrainConfig(RunConfig, LoopConfig):
                 self.eval.split, "eval.split", "choosing checkpoints by its evaluations"
             )
         _not_heldout("rollout.split", self.rollout.split)
-        reported = ["train_heldout", *(self.recipe.eval.splits if self.recipe else [])]
-        if self.eval.keep == "best" and self.eval.split in reported:
+        if self.eval.keep == "best" and self.eval.split in self.reported_splits():
             raise ValueError(
                 f"eval.keep=best chooses the run's model by its evaluations on eval.split={self.eval.split!r}, "
                 "a split whose results are reported: the choice would fit them. Choose on a split of its own "

@@ -205,3 +205,21 @@ def test_a_damaged_saved_evaluation_is_named_and_its_point_left_out(tmp_path, ca
     assert capsys.readouterr().err == ""
     assert _saved_eval(run, 4) is None
     assert "step_000004.json: not a saved evaluation" in capsys.readouterr().err.replace("\n", "")
+
+
+def test_a_runs_own_curve_ends_are_its_step0_and_last_saved_evaluations(tmp_path):
+    """On a split the recipe does not report (train_val), an arm's curve runs from its own step-0
+    evaluation to its last; a file in evals/ that is not a step's is left alone."""
+    from sage_rl.recipe.figure import _own_ends
+    from sage_rl.train.layout import RunFolder
+
+    run = RunFolder.of(tmp_path)
+    assert _own_ends(run) is None  # no evaluations yet
+    run.evals.mkdir()
+    for step, tgc in ((0, 40.0), (2, 50.0), (10, 60.0)):
+        run.eval_file(step).write_text(json.dumps({"metrics": {"tgc": tgc}, "outcomes": [["t", "s", True]]}))
+    (run.evals / "step_old.json").write_text("{}")
+    first, last = _own_ends(run)
+    assert (first["metrics"]["tgc"], last["metrics"]["tgc"]) == (40.0, 60.0)
+    run.eval_file(0).unlink()
+    assert _own_ends(run) is None  # no start point: no curve

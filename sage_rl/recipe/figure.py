@@ -12,7 +12,7 @@ from sage_rl.recipe.controls import MODELS, RL_START, SPLITS, curve, paired_curv
 from sage_rl.recipe.status import jsonl_rows
 from sage_rl.runs.console import err
 from sage_rl.settings import TrainConfig
-from sage_rl.train.layout import RunFolder
+from sage_rl.train.layout import STEP_NAME, RunFolder
 
 
 def _arms(done: dict[str, Any], out: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
@@ -31,7 +31,8 @@ def _arms(done: dict[str, Any], out: Path) -> list[tuple[str, dict[str, Any], di
 
 def _own_ends(run: RunFolder) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """A run's first (step 0) and last saved evaluations, or None without both."""
-    steps = sorted(int(p.stem.split("_")[1]) for p in run.evals.glob("step_*.json")) if run.evals.is_dir() else []
+    names = [p.stem for p in run.evals.glob("step_*.json")] if run.evals.is_dir() else []
+    steps = sorted(int(n.removeprefix("step_")) for n in names if STEP_NAME.match(n))
     first = _saved_eval(run, 0) if steps and steps[0] == 0 else None
     last = _saved_eval(run, steps[-1]) if len(steps) > 1 else None
     return (first, last) if first and last else None

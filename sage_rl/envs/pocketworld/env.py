@@ -109,8 +109,8 @@ class PocketWorldSuite:
 
     ``templates`` (a scope of train templates, None = all) narrows ``train``, ``train_heldout`` and
     ``train_val`` to those templates: collection, RL rollouts, validation and held-out evaluation
-    then draw only them (the main job's laptop curriculum, docs/recipe.md). It owns nothing that needs closing: the sandbox
-    behind ``executors`` belongs to whoever made it.
+    then draw only them (the main job's laptop curriculum, docs/recipe.md). It owns nothing that
+    needs closing: the sandbox behind ``executors`` belongs to whoever made it.
     """
 
     name = "pocketworld"
