@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from sage_rl.engine import decoder
-from sage_rl.engine.decoder import HFRunner, NativeRunner, native_unsupported
+from sage_rl.engine.decoder import NativeRunner, native_unsupported
+from sage_rl.engine.hf_runner import HFRunner
 from sage_rl.engine.kv import KVCache, PrefixStore, common_prefix
 from sage_rl.engine.sampler import draw
 from sage_rl.policies.base import PolicyRequest, SamplingParams

@@ -1,5 +1,5 @@
-"""Forward passes over per-sequence KV caches: the native one for Llama-family decoders, and a
-plain transformers one for every other causal LM.
+"""Forward passes over per-sequence KV caches: the native one for Llama-family decoders, and (in
+``hf_runner.py``) a plain transformers one for every other causal LM.
 
 Both runners have the same operations: ``prefill(cache, ids)`` feeds one sequence's new tokens
 (chunked), ``prefill_many(caches, id_lists)`` several sequences' (the native runner in shared
@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from sage_rl.engine import native
 from sage_rl.engine.adapters import effective_linear, projection_problem, unwrap
 from sage_rl.engine.attention import attend_causal, attend_padded, attend_pooled, rotate
+from sage_rl.engine.hf_runner import HFRunner
 from sage_rl.engine.kv import KVCache
 from sage_rl.engine.packed import MAX_ROWS, layer_blocks, pack, packed_linear, wanted
 from sage_rl.engine.pool import SHARED_MIN, DecodePool
@@ -335,67 +336,6 @@ def _project(layer: _Layer, name: str, x_TK: torch.Tensor, few: bool) -> torch.T
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts, -1) if len(parts) > 1 else parts[0]
-
-
-class HFRunner:
-    """The same operations through the model's own transformers forward, one sequence at a time
-    (for architectures :class:`NativeRunner` does not cover). Correct, not fast."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-        self.dtype = next(model.parameters()).dtype
-        self.device = next(model.parameters()).device
-        self.cache_shape = _probe_cache_shape(model)
-
-    def refresh(self) -> None:
-        """Nothing to re-read: the model's own forward reads its parameters."""
-
-    def new_cache(self) -> KVCache:
-        return KVCache(self.cache_shape, self.dtype, self.device)
-
-    def prefill(self, cache: KVCache, ids: list[int]) -> torch.Tensor:
-        from transformers import DynamicCache
-
-        start = len(cache)
-        past = DynamicCache()
-        if start:
-            for i in range(cache.layers):
-                past.update(cache.keys(i, start)[None], cache.values(i, start)[None], i)
-        pos = torch.arange(start, start + len(ids), device=self.device)[None]
-        out = self.model(
-            input_ids=torch.tensor([ids], device=self.device),
-            position_ids=pos,
-            past_key_values=past,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache.reserve(len(ids))
-        for i, layer in enumerate(out.past_key_values.layers):
-            cache.kv[i, 0, :, start : start + len(ids)] = layer.keys[0, :, start:]
-            cache.kv[i, 1, :, start : start + len(ids)] = layer.values[0, :, start:]
-        cache.ids.extend(ids)
-        return out.logits[0, -1].float()
-
-    def decode(self, caches: list[KVCache], ids: list[int]) -> torch.Tensor:
-        return torch.stack([self.prefill(c, [i]) for c, i in zip(caches, ids, strict=True)])
-
-    def prefill_many(self, caches: list[KVCache], id_lists: list[list[int]]) -> torch.Tensor:
-        return torch.stack([self.prefill(c, ids) for c, ids in zip(caches, id_lists, strict=True)])
-
-
-def _probe_cache_shape(model: Any) -> tuple[int, int, int]:
-    with torch.inference_mode():
-        out = model(
-            input_ids=torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device),
-            use_cache=True,
-        )
-    layers = getattr(out.past_key_values, "layers", None)
-    if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
-        raise ValueError(
-            f"unsupported cache type for {type(model).__name__}: {type(out.past_key_values).__name__}"
-        )
-    _, heads, _, dim = layers[0].keys.shape
-    return len(layers), heads, dim
 
 
 def make_runner(
