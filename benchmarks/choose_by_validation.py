@@ -1,6 +1,7 @@
 """Choose an RL run's model after the fact, as ``eval.keep: best`` does during one: evaluate saved
-models on the validation split, keep the best by the same rule (``sage_rl/train/best.py``), and
-optionally evaluate the chosen one on ``train_heldout`` for the table.
+models on the validation split, keep the best by the same rule (``sage-rl choose``'s, over the
+evaluations it writes: ``sage_rl/runs/choose.py``), and optionally evaluate the chosen one on
+``train_heldout`` for the table.
 
 For runs that kept their last weights (laptop30): their checkpoints, saved aside, are judged on
 ``train_val``, which no result reports, so the chosen model's ``train_heldout`` figures stay free
@@ -25,18 +26,8 @@ from typing import Any
 from sage_rl.config import load_config
 from sage_rl.eval.ci import format_ci
 from sage_rl.recipe.pipeline import eval_config, evaluate
+from sage_rl.runs.choose import ChooseError, choose, read_candidate
 from sage_rl.settings import TrainConfig
-from sage_rl.train.best import Best, replaces
-
-
-def choose(scores: dict[int, dict[str, Any]]) -> int:
-    """The step kept from ``{step: metrics}``, judged in step order as the loop judges them."""
-    kept: Best | None = None
-    for step in sorted(scores):
-        new = Best(step, scores[step]["tgc"], scores[step]["sgc"])
-        kept = new if replaces(new, kept) else kept
-    assert kept is not None
-    return kept.step
 
 
 def _models(pairs: list[str]) -> dict[int, str]:
@@ -71,11 +62,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.split in cfg.reported_splits():
         raise SystemExit(f"choose_by_validation: the results report {args.split}: choosing on it fits them (use train_val)")
     concurrency = r.eval.concurrency if r else 8
-    found = {}
+    found, folders = {}, {}
     for step, path in models.items():
-        folder = args.run / "eval" / f"{args.name}_step{step}_{args.split}"
-        found[step] = evaluate(eval_config(cfg, path, args.split, args.scenarios, concurrency, folder))["metrics"]
-    chosen = choose(found)
+        folders[step] = args.run / "eval" / f"{args.name}_step{step}_{args.split}"
+        ev = eval_config(cfg, path, args.split, args.scenarios, concurrency, folders[step])
+        found[step] = evaluate(ev)["metrics"]
+    try:  # keep-best's rule, once the evaluations are checked to differ only in the model
+        chosen = choose([read_candidate(step, folder) for step, folder in folders.items()]).step
+    except ChooseError as e:
+        raise SystemExit(f"choose_by_validation: {e}") from None
     for step, m in sorted(found.items()):
         mark = "  <- chosen" if step == chosen else ""
         print(f"step {step:3d}: {args.split} TGC {format_ci(m['tgc'], m['tgc_ci'])}, SGC {m['sgc']:.1f}, "

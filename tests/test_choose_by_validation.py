@@ -21,14 +21,6 @@ def _bench():
     return mod
 
 
-def test_the_choice_is_the_loops_in_step_order():
-    choose = _bench().choose
-    m = lambda tgc, sgc: {"tgc": tgc, "sgc": sgc}  # noqa: E731
-    assert choose({6: m(60, 35), 0: m(50, 40), 4: m(60, 35), 2: m(60, 30)}) == 4  # SGC breaks the tie, then the earlier
-    assert choose({0: m(50, 40), 3: m(50, 40)}) == 0
-    assert choose({0: m(50, 40), 3: m(50.1, 0)}) == 3
-
-
 def test_models_are_evaluated_on_train_val_once_and_the_reported_split_is_refused(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     bench, run = _bench(), tmp_path / "run"

@@ -183,11 +183,22 @@ def _appworld(p: Parsed, fx: Fixtures) -> tuple[list[str], dict[str, str]]:
     return [*p.path, *positionals, *_flat(options)], env
 
 
+def _choose(p: Parsed, fx: Fixtures) -> tuple[list[str], dict[str, str]]:
+    """Each STEP=FOLDER -> STEP=a copy of an eval run (equal scores: the earliest step is kept), one
+    more where a usage line's pairs end in ``...``."""
+    steps = [t.partition("=")[0] for t in p.positionals if t != "..."]
+    steps += ["more"] * ("..." in p.positionals)
+    steps = [s if s.isdigit() else str(1000 + i) for i, s in enumerate(steps)]  # STEP -> a number
+    pairs = [f"{s}={_copy(fx.eval_run, fx.tmp, f'ev{i}')}" for i, s in enumerate(steps)]
+    return ["choose", *pairs, *_flat(p.options)], {}
+
+
 #: How each command path is made to run (its own entry, else its group's).
 PLANS: dict[tuple[str, ...], Callable[[Parsed, Fixtures], tuple[list[str], dict[str, str]]]] = {
     **{path: _config_command for path in CONFIGS},
     ("world",): _world,
     ("view",): _view,
+    ("choose",): _choose,
     ("appworld",): _appworld,
 }
 

@@ -39,6 +39,7 @@ _COMMANDS = {
     "recipe": ("sage_rl.cli.recipe", "The paper's recipe as one run: eval, collect, SFT, eval, SAGE, eval."),
     "collect": ("sage_rl.cli.collect", "Collect expert trajectories by rejection sampling."),
     "sft": ("sage_rl.cli.sft", "Supervised fine-tuning on expert trajectories."),
+    "choose": ("sage_rl.cli.choose", "Choose a run's model from evaluations of its saved ones (keep-best, after the fact)."),
     "view": ("sage_rl.cli.view", "One offline HTML page of a run folder (or two, compared)."),
 }
 
