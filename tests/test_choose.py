@@ -89,7 +89,10 @@ def test_unfinished_damaged_or_other_strategy_folders_are_named(evaluated, tmp_p
     with pytest.raises(ChooseError, match="no 'all_scenarios' results"):
         read_candidate(0, d, strategy="all_scenarios")
     (d / "metrics.json").write_text('{"same_scenario": {"tgc": "high", "sgc": 1, "tasks": 6}}')
-    with pytest.raises(ChooseError, match=r"same_scenario\.tgc is 'high', not a number"):
+    with pytest.raises(ChooseError, match=r"same_scenario\.tgc is 'high', not a finite number"):
+        read_candidate(0, d)
+    (d / "metrics.json").write_text('{"same_scenario": {"tgc": NaN, "sgc": 1, "tasks": 6}}')  # Python's json reads it
+    with pytest.raises(ChooseError, match=r"same_scenario\.tgc is nan, not a finite number"):
         read_candidate(0, d)
     (d / "metrics.json").write_text("{not json")
     with pytest.raises(ChooseError, match=f"{d}/metrics.json: unreadable"):

@@ -13,6 +13,7 @@ reported (choosing on ``test_*`` or ``train_heldout`` fits them). Anything else 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,8 +69,9 @@ def read_candidate(step: int, folder: str | Path, strategy: str = "same_scenario
     if not isinstance(metrics, dict):
         raise ChooseError(f"{folder}: no {strategy!r} results (it has {sorted(by_strategy)}); pass --strategy")
     for key in ("tgc", "sgc", "tasks"):
-        if not isinstance(metrics.get(key), int | float) or isinstance(metrics.get(key), bool):
-            raise ChooseError(f"{folder}/metrics.json: {strategy}.{key} is {metrics.get(key)!r}, not a number")
+        value = metrics.get(key)
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+            raise ChooseError(f"{folder}/metrics.json: {strategy}.{key} is {value!r}, not a finite number")
     policy = settings.get("policy")
     model = policy.get("model") if isinstance(policy, dict) else None
     return Candidate(step, folder, model, str(settings.get("split")), metrics, settings)
