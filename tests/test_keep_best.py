@@ -134,6 +134,9 @@ def test_a_redone_step_replaces_its_own_record_and_a_damaged_record_is_named(tin
     pointer.write_text("{not json")
     with pytest.raises(CheckpointError, match="best.json cannot be read"):
         final_model(tmp_path)
+    pointer.write_text('{"folder": "x", "step": 3, "tgc": NaN, "sgc": 1}')
+    with pytest.raises(CheckpointError, match="not a finite number"):
+        read_best(tmp_path)
 
 
 def test_choosing_is_refused_on_a_reported_split_and_without_the_start():

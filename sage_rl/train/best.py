@@ -25,6 +25,7 @@ redone step's evaluation replaces the one its kept model had, as the model it na
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
@@ -64,6 +65,8 @@ def read_best(run_dir: str | Path) -> tuple[Best, Path] | None:
         state = json.loads(pointer.read_text(encoding="utf-8"))
         best = Best(int(state["step"]), float(state["tgc"]), float(state["sgc"]))
         folder = pointer.parent / str(state["folder"])
+        if not (math.isfinite(best.tgc) and math.isfinite(best.sgc)):
+            raise ValueError(f"a score that is not a finite number ({best})")  # it would never be replaced
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{pointer} cannot be read as the kept model's record: {e}") from None
     if folder.parent != pointer.parent or not (folder / "model" / "config.json").is_file():
