@@ -69,6 +69,11 @@ def test_reported_splits_are_refused(evaluated, tmp_path):
 
 def test_evaluations_that_differ_but_in_the_model_are_refused(evaluated, tmp_path):
     a = read_candidate(0, _copy(evaluated, tmp_path / "a", 50.0, 40.0, "m0"))
+    served = _copy(evaluated, tmp_path / "served", 60.0, 50.0, "m2")  # the same, served on a port of its own
+    s = json.loads((served / "resume.json").read_text())
+    s["policy"]["base_url"] = "http://127.0.0.1:8002/v1"
+    (served / "resume.json").write_text(json.dumps(s))
+    assert choose([a, read_candidate(2, served)]).step == 2
     b = read_candidate(2, _copy(evaluated, tmp_path / "b", 60.0, 50.0, "m2", seed=7))
     with pytest.raises(ChooseError, match=r"evaluated otherwise .*seed: 0 -> 7.*only the model may differ"):
         choose([a, b])

@@ -109,8 +109,13 @@ def choose(candidates: list[Candidate]) -> Candidate:
     return kept
 
 
+#: the policy keys that say which model answered: its path or name, and the server that served it
+#: (each checkpoint may be served on a port of its own)
+MODEL_KEYS = {"model", "base_url", "api_key_env"}
+
+
 def _but_model(settings: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(settings)
     if isinstance(out.get("policy"), dict):
-        out["policy"] = {k: v for k, v in out["policy"].items() if k != "model"}
+        out["policy"] = {k: v for k, v in out["policy"].items() if k not in MODEL_KEYS}
     return out
