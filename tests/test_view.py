@@ -280,7 +280,8 @@ def train_run(tmp_path_factory, tiny) -> Path:
         "steps=2",
         "rollout.group_size=2",
         "eval.scenarios=1",
-        "eval.split=dev",
+        "eval.split=train_val",
+        "eval.keep=best",
         f"out_dir={out}",
         "init_from=null",
         "agent.max_steps=2",
@@ -300,7 +301,9 @@ def test_a_training_run_shows_each_step_with_rewards_and_advantages(train_run):
     assert_links_resolve(page)
     # the random tiny model writes no code: R = -1 (no-code penalty) and A = 0 for every sample
     assert text.count('"badge">R -1.00<') == len(recs) and text.count('"badge">A +0.00<') == len(recs)
-    assert "Evaluation on dev, before and after training" in text and "data:image/svg+xml;base64," in text
+    assert "Evaluation on train_val, before and after training" in text and "data:image/svg+xml;base64," in text
+    # eval.keep=best: the random model scores 0 at every evaluation, so the start (step 0) is kept
+    assert "kept model" in text and "step 0: TGC 0.0%, SGC 0.0% on train_val (best/)" in text
 
 
 def test_bad_input_is_named_in_one_sentence_and_readable_lines_are_still_shown(eval_run, tmp_path):

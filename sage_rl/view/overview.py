@@ -94,6 +94,11 @@ def _train(run: RunData):
             f"{summary['wall_s']:.0f} s" if isinstance(summary.get("wall_s"), int | float) else "-",
         ),
     ]
+    kept = summary.get("kept")
+    if isinstance(kept, dict):  # eval.keep: best (train/best.py): the model the run ends with
+        split = (cfg.get("eval") or {}).get("split", "?")
+        tgc, sgc = (fmt(kept.get(k), "{:.1f}%") for k in ("tgc", "sgc"))
+        facts.append(("kept model", f"step {fmt(kept.get('step'))}: TGC {tgc}, SGC {sgc} on {split} (best/)"))
     tables = []
     before, after = (
         m if isinstance(m, dict) else None for m in (summary.get("before"), summary.get("after"))
