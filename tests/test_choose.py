@@ -103,7 +103,11 @@ def test_unfinished_damaged_or_other_strategy_folders_are_named(evaluated, tmp_p
     with pytest.raises(ChooseError, match=f"{d}/metrics.json: unreadable"):
         read_candidate(0, d)
     (d / "metrics.json").unlink()
-    with pytest.raises(ChooseError, match="no metrics.json .not a finished evaluation"):
+    with pytest.raises(ChooseError, match="no metrics.json .not a finished evaluation: finish it with .* --resume"):
+        read_candidate(0, d)
+    (d / "resume.json").unlink()
+    shutil.copy(evaluated / "metrics.json", d / "metrics.json")
+    with pytest.raises(ChooseError, match="no resume.json .its settings are not recorded"):
         read_candidate(0, d)
 
 

@@ -56,8 +56,12 @@ def read_candidate(step: int, folder: str | Path, strategy: str = "same_scenario
     for name in ("metrics.json", SETTINGS):
         path = folder / name
         if not path.is_file():
-            why = "not a finished evaluation" if name == "metrics.json" else "written before evaluations recorded settings"
-            raise ChooseError(f"{folder}: no {name} ({why}; run `sage-rl eval ... out_dir={folder}` to finish it)")
+            why = (
+                f"not a finished evaluation: finish it with `sage-rl eval <its config> out_dir={folder} --resume`"
+                if name == "metrics.json"
+                else "its settings are not recorded, so it cannot be compared: evaluate that model again"
+            )
+            raise ChooseError(f"{folder}: no {name} ({why})")
         try:
             parts[name] = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as e:
