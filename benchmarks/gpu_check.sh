@@ -13,6 +13,9 @@
 #   # or, as call 2: issue 29's CPU figures on the device machine's CPU (AVX-512 where it has it),
 #   # pinned to 2 of its cores: engine_bench quiet, then with AVX2 kernels (carry [".gpu/b"], ~8 min)
 #   bash benchmarks/gpu_check.sh cpu
+#   # or, as call 2: where the GPU SFT's time goes (benchmarks/sft_phases.py on freshly collected expert
+#   # data: the recipe's SFT for 12 steps, then one cost switched per variant; carry [".gpu/b"], ~5 min)
+#   bash benchmarks/gpu_check.sh sft
 #
 # Why two calls: the embedded SmolLM2-135M GGUF is 98 MB (a bf16 safetensors would be 270 MB).
 # Call 1 installs the wheels the image lacks (pydantic, gguf, transformers 5.23, huggingface_hub 2.4 and its httpx2, ...: ~20 MB) into
@@ -83,6 +86,18 @@ recipe)
       --train-micro 16 --greedy-prompts 4 --out "$OUT/gpu_engine.json" || echo "gpu_engine_bench FAILED"
   } 2>&1 | tee "$OUT/recipe.log"
   ;;
+sft)
+  join_gguf
+  # where the GPU SFT's time goes (229 s for 80 steps in 2026-12-04's recipe run): expert data from
+  # the scripted expert (300 scenarios, as the recipe's), then benchmarks/sft_phases.py's variants
+  cp -r /tmp/site/. "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+  {
+    timeout 150 python3 -m sage_rl.cli collect configs/collect.yaml num_scenarios=300 concurrency=16 \
+      formats=[jsonl] out_dir=/tmp/expert || echo "collect FAILED"
+    timeout 300 python3 benchmarks/sft_phases.py /tmp/expert/sage_expert.jsonl --steps 12 \
+      --variants recipe,fp32,dense,unpacked,no_eval,no_lean --json "$OUT/sft_phases.json" || echo "sft_phases FAILED"
+  } 2>&1 | tee "$OUT/sft.log"
+  ;;
 cpu)
   join_gguf
   export PATH=/tmp/site/bin:$PATH  # pip --target put the ninja wheel's binary there: the kernel's build runs it
@@ -96,7 +111,7 @@ cpu)
   } 2>&1 | tee "$OUT/cpu.log"
   ;;
 *)
-  echo "usage: bash benchmarks/gpu_check.sh prepare|device1|device2|recipe [DEADLINE]|cpu" >&2
+  echo "usage: bash benchmarks/gpu_check.sh prepare|device1|device2|recipe [DEADLINE]|cpu|sft" >&2
   exit 1
   ;;
 esac
