@@ -62,7 +62,8 @@ def parse_time_v(text: str) -> dict[str, float]:
 def figures(out: Path) -> dict[str, object]:
     """The stages' times and the report's TGC and SGC (with intervals) of a finished recipe run."""
     state = json.loads((out / "recipe.json").read_text())
-    row: dict[str, object] = {"stages_s": {k: e.get("wall_s") for k, e in state.items()}}
+    row: dict[str, object] = {"stages_s": {k: e.get("wall_s") for k, e in state.items()},
+                              "stages_peak_rss_gb": {k: e.get("peak_rss_gb") for k, e in state.items()}}  # fmt: skip
     row["stages_total_s"] = round(sum(e.get("wall_s") or 0 for e in state.values()), 1)
     for key, label in (("eval_base", "base"), ("eval_sft", "sft"), ("eval_sage", "sage")):
         for split, res in (state.get(key, {}).get("result") or {}).items():
@@ -106,8 +107,10 @@ def table(row: dict[str, object]) -> str:
         lines.append(
             f"| CPU (all processes) | user {row['user_s']:.0f} s + system {row.get('system_s', 0):.0f} s |"
         )
+    peaks = dict(row.get("stages_peak_rss_gb") or {})  # type: ignore[call-overload]
     for stage, secs in dict(row["stages_s"]).items():  # type: ignore[arg-type]
-        lines.append(f"| stage {stage} | {secs} s |")
+        peak = f", peak RSS {peaks[stage]} GB" if peaks.get(stage) else ""
+        lines.append(f"| stage {stage} | {secs} s{peak} |")
     for key, v in row.items():
         if isinstance(v, dict) and "tgc" in v:
             lines.append(

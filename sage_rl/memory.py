@@ -4,13 +4,18 @@ Long CPU runs (an RL trainer, the recipe's stages one after another) otherwise k
 mark of their biggest step resident: left dynamic, glibc raises its mmap threshold to 32 MiB after
 the first frees, so a step's activations come from the heap and stay there (docs/LOG.md, issue
 32). ``sage-rl train``, ``sage-rl sft`` and the recipes call :func:`bound_heap` first; the recipes
-call :func:`release_memory` between stages. Both are no-ops without glibc."""
+call :func:`release_memory` between stages. Both are no-ops without glibc. :func:`reset_peak` and
+:func:`peak_rss_bytes` give each stage its own peak resident set (Linux's ``VmHWM``, reset through
+``/proc/self/clear_refs``): which stage holds the job's peak, not only the job's."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import gc
+from pathlib import Path
+
+_PROC = Path("/proc/self")
 
 #: Blocks this large or larger are mapped on their own and unmapped when freed.
 MMAP_THRESHOLD = 1 << 20
@@ -30,3 +35,23 @@ def release_memory() -> None:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def reset_peak() -> bool:
+    """Start a new peak: the process's high-water mark of resident memory (``VmHWM``) is set back to
+    its current resident set (Linux >= 4.0). False where that cannot be done."""
+    try:
+        (_PROC / "clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int | None:
+    """The process's peak resident memory since it started or since :func:`reset_peak` (None where
+    ``/proc`` does not say)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in (_PROC / "status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    return None

@@ -34,13 +34,16 @@ def test_the_stages_and_the_held_out_figures_come_from_the_run(tmp_path):
     metrics = {"tasks": 12, "tgc": 75.0, "tgc_ci": [50.0, 100.0], "sgc": 50.0, "avg_tokens": 310.4}
     state = {
         "eval_base": {"wall_s": 60.0, "result": {"train_heldout": {"metrics": {**metrics, "tgc": 0.0}}}},
-        "sft": {"wall_s": 300.5, "result": {}},
+        "sft": {"wall_s": 300.5, "peak_rss_gb": 4.65, "result": {}},
         "eval_sft": {"wall_s": 70.0, "result": {"train_heldout": {"metrics": metrics}}},
     }
     (tmp_path / "recipe.json").write_text(json.dumps(state))
     row = _bench().figures(tmp_path)
     assert row["stages_s"] == {"eval_base": 60.0, "sft": 300.5, "eval_sft": 70.0}
     assert row["stages_total_s"] == 430.5
+    assert row["stages_peak_rss_gb"] == {"eval_base": None, "sft": 4.65, "eval_sft": None}
+    assert "| stage sft | 300.5 s, peak RSS 4.65 GB |" in _bench().table(row)
+    assert "| stage eval_base | 60.0 s |" in _bench().table(row)
     assert row["train_heldout_sft"] == {
         "tasks": 12,
         "tgc": 75.0,

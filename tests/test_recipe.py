@@ -93,6 +93,7 @@ def test_recipe_end_to_end_with_the_tiny_model(tiny_dir, tmp_path):
             assert saved["metrics"]["tasks"] == 3 and len(saved["outcomes"]) == 3
     state = json.loads((out / "recipe.json").read_text())
     assert list(state) == ["eval_base", "collect", "sft", "eval_sft", "sage", "eval_sage"]
+    assert all(e["peak_rss_gb"] > 0.1 for e in state.values())  # each stage's own peak (Linux)
     assert state["collect"]["result"]["examples"] == 9  # the expert solves all 3 x 3 tasks
     sft = state["sft"]["result"]
     assert sft["steps"] == 2 and sft["train_examples"] + sft["eval_examples"] == 9 and sft["best_step"]

@@ -48,3 +48,28 @@ def test_the_training_commands_bound_the_heap(command, monkeypatch, tmp_path):
     result = CliRunner().invoke(app, [str(tmp_path / "missing.yaml")])
     assert result.exit_code != 0 and "missing.yaml" in result.output
     assert called == [1]
+
+
+PEAK = """
+from sage_rl.memory import peak_rss_bytes, release_memory, reset_peak
+
+start = peak_rss_bytes()
+big = bytearray(400 * 1024 * 1024)  # 400 MB, every page written
+big[::4096] = b"x" * len(big[::4096])
+high = peak_rss_bytes()
+del big
+release_memory()
+ok = reset_peak()
+after = peak_rss_bytes()
+print(start, high, int(ok), after)
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="/proc/self/status and clear_refs are Linux's")
+def test_a_stage_gets_its_own_peak():
+    """The recipe resets the peak at each stage's start (its ``peak_rss_gb``): a stage after a big
+    one reports its own peak, not the big one's."""
+    out = subprocess.run([sys.executable, "-c", PEAK], capture_output=True, text=True, check=True)
+    start, high, ok, after = map(int, out.stdout.split())
+    assert high - start > 380e6  # the 400 MB block counted
+    assert ok == 1 and after < high - 300e6  # reset: the freed block no longer in the peak

@@ -27,7 +27,7 @@ from sage_rl.config import dump_config
 from sage_rl.eval.resume import same_settings
 from sage_rl.eval.runner import scenarios_of
 from sage_rl.files import write_atomic
-from sage_rl.memory import bound_heap, release_memory
+from sage_rl.memory import bound_heap, peak_rss_bytes, release_memory, reset_peak
 from sage_rl.recipe.report import write_report
 from sage_rl.runs.collect import run_collect
 from sage_rl.runs.console import err
@@ -217,11 +217,14 @@ def run(cfg: TrainConfig, resume: bool) -> dict[str, Any]:
     ]  # fmt: skip
     for i, (key, title, stage) in enumerate(stages, start=1):
         err.rule(f"[bold]recipe {i}/{len(stages)}: {title}")
-        t0 = time.perf_counter()
+        t0, peaks = time.perf_counter(), reset_peak()
         result = stage()
         entry = state.setdefault(key, {"title": title})
         entry["result"] = result
-        entry.setdefault("wall_s", round(time.perf_counter() - t0, 1))  # a skipped stage keeps its time
+        if "wall_s" not in entry:  # a skipped stage keeps its time and peak
+            entry["wall_s"] = round(time.perf_counter() - t0, 1)
+            peak = peak_rss_bytes() if peaks else None  # the process's peak during the stage
+            entry["peak_rss_gb"] = round(peak / 1e9, 2) if peak else None
         _save_state(lay.root, state)
         release_memory()  # the next stage loads its own model
     summary = write_report(lay.root, cfg, state)
