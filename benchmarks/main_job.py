@@ -6,7 +6,8 @@ each stage's time and the report's held-out figures, as one JSON line and a Mark
     .venv/bin/python benchmarks/main_job.py --isa avx2            # ... with AVX2 kernels only
     .venv/bin/python benchmarks/main_job.py --read runs/quickstart --time-log t.txt   # read a finished run
 
-The command is ``/usr/bin/time -v .venv/bin/sage-rl recipe out_dir=<out>``: what ``sage-rl train``
+The command is ``SAGE_RL_STAGE_PEAKS=1 /usr/bin/time -v .venv/bin/sage-rl recipe out_dir=<out>``
+(each stage records its own peak RSS in ``recipe.json``; the job's peak is the largest): what ``sage-rl train``
 without arguments runs (the recipe of configs/quickstart.yaml as committed; ``sage-rl train`` with
 any argument trains one model instead, so the out_dir goes to ``recipe``); extra ``key=value``
 arguments are passed on. ``--isa avx2`` runs torch's, oneDNN's and MKL's AVX2 kernels on any x86
@@ -78,19 +79,29 @@ def figures(out: Path) -> dict[str, object]:
     return row
 
 
+def job_peak(row: dict[str, object]) -> dict[str, object]:
+    """The job's peak RSS where the stages measured their own (``SAGE_RL_STAGE_PEAKS=1``): the largest
+    stage's. Each stage's reset of the peak also resets GNU time's maximum, which then holds the
+    last stage's alone (kept as ``peak_rss_last_stage_bytes``)."""
+    peaks = [p for p in dict(row.get("stages_peak_rss_gb") or {}).values() if p]  # type: ignore[call-overload]
+    if not peaks:
+        return {}
+    return {"peak_rss_bytes": int(max(peaks) * 1e9), "peak_rss_last_stage_bytes": row.get("peak_rss_bytes")}
+
+
 def measure(out: Path, overrides: list[str]) -> tuple[dict[str, float], str]:
     """Run the main job into ``out``; returns (GNU time's figures, its raw report)."""
     cmd = [str(SAGE_RL), "recipe", f"out_dir={out}", *overrides]  # = `sage-rl train` without arguments
     gnu = shutil.which("time") or ("/usr/bin/time" if Path("/usr/bin/time").exists() else None)
     if gnu:
         with tempfile.NamedTemporaryFile("r", suffix=".time") as log:
-            proc = subprocess.run([gnu, "-v", "-o", log.name, *cmd], cwd=ROOT)
+            proc = subprocess.run([gnu, "-v", "-o", log.name, *cmd], cwd=ROOT, env=os.environ | {"SAGE_RL_STAGE_PEAKS": "1"})
             text = Path(log.name).read_text()
         if proc.returncode != 0:
             raise SystemExit(f"sage-rl train failed (exit {proc.returncode})")
         return parse_time_v(text), text
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT)
+    proc = subprocess.run(cmd, cwd=ROOT, env=os.environ | {"SAGE_RL_STAGE_PEAKS": "1"})
     if proc.returncode != 0:
         raise SystemExit(f"sage-rl train failed (exit {proc.returncode})")
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # Linux: kilobytes
@@ -146,6 +157,7 @@ def main() -> None:
         out = a.out or Path(tempfile.mkdtemp(prefix="sage-rl-main-job-")) / "run"
         row |= measure(out, a.overrides)[0]
     row |= figures(out) | {"load_after": os.getloadavg(), "out_dir": str(out)}
+    row |= job_peak(row)
     print(json.dumps(row), flush=True)
     print(table(row), file=sys.stderr)
 

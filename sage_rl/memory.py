@@ -6,13 +6,17 @@ the first frees, so a step's activations come from the heap and stay there (docs
 32). ``sage-rl train``, ``sage-rl sft`` and the recipes call :func:`bound_heap` first; the recipes
 call :func:`release_memory` between stages. Both are no-ops without glibc. :func:`reset_peak` and
 :func:`peak_rss_bytes` give each stage its own peak resident set (Linux's ``VmHWM``, reset through
-``/proc/self/clear_refs``): which stage holds the job's peak, not only the job's."""
+``/proc/self/clear_refs``): which stage holds the job's peak, not only the job's. The reset also
+resets what ``getrusage`` and GNU time report as the process's maximum, so the recipe resets only
+when asked (``SAGE_RL_STAGE_PEAKS=1``, which ``benchmarks/main_job.py`` sets; the job's peak is
+then the largest stage's)."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import gc
+import os
 from pathlib import Path
 
 _PROC = Path("/proc/self")
@@ -37,9 +41,15 @@ def release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+def stage_peaks_wanted() -> bool:
+    """Whether the recipe measures each stage's peak (``SAGE_RL_STAGE_PEAKS=1``)."""
+    return os.environ.get("SAGE_RL_STAGE_PEAKS", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def reset_peak() -> bool:
-    """Start a new peak: the process's high-water mark of resident memory (``VmHWM``) is set back to
-    its current resident set (Linux >= 4.0). False where that cannot be done."""
+    """Start a new peak: the process's high-water mark of resident memory (``VmHWM``, and with it
+    ``getrusage``'s ``ru_maxrss``) is set back to its current resident set (Linux >= 4.0). False
+    where that cannot be done."""
     try:
         (_PROC / "clear_refs").write_text("5")
         return True

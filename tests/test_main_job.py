@@ -44,6 +44,10 @@ def test_the_stages_and_the_held_out_figures_come_from_the_run(tmp_path):
     assert row["stages_peak_rss_gb"] == {"eval_base": None, "sft": 4.65, "eval_sft": None}
     assert "| stage sft | 300.5 s, peak RSS 4.65 GB |" in _bench().table(row)
     assert "| stage eval_base | 60.0 s |" in _bench().table(row)
+    # each stage's reset leaves GNU time the last stage's peak: the job's is the largest stage's
+    peak = _bench().job_peak(row | {"peak_rss_bytes": 2_430_000_000})
+    assert peak == {"peak_rss_bytes": 4_650_000_000, "peak_rss_last_stage_bytes": 2_430_000_000}
+    assert _bench().job_peak({"stages_peak_rss_gb": {"sft": None}}) == {}
     assert row["train_heldout_sft"] == {
         "tasks": 12,
         "tgc": 75.0,
@@ -63,8 +67,9 @@ def test_it_runs_what_sage_rl_train_without_arguments_runs(tmp_path, monkeypatch
     class Done:
         returncode = 0
 
-    def fake_run(cmd, cwd):
+    def fake_run(cmd, cwd, env):
         seen.append(cmd)
+        assert env["SAGE_RL_STAGE_PEAKS"] == "1"  # each stage measures its own peak
         if "-o" in cmd:
             Path(cmd[cmd.index("-o") + 1]).write_text(TIME_V)
         return Done()

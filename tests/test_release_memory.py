@@ -73,3 +73,17 @@ def test_a_stage_gets_its_own_peak():
     start, high, ok, after = map(int, out.stdout.split())
     assert high - start > 380e6  # the 400 MB block counted
     assert ok == 1 and after < high - 300e6  # reset: the freed block no longer in the peak
+
+
+def test_stage_peaks_only_when_asked(monkeypatch):
+    """A reset of the peak also resets what GNU time and getrusage report for the whole process, so the
+    recipe measures stages only under SAGE_RL_STAGE_PEAKS=1 (benchmarks/main_job.py sets it)."""
+    from sage_rl.memory import stage_peaks_wanted
+
+    monkeypatch.delenv("SAGE_RL_STAGE_PEAKS", raising=False)
+    assert not stage_peaks_wanted()
+    for on in ("1", "true", "yes"):
+        monkeypatch.setenv("SAGE_RL_STAGE_PEAKS", on)
+        assert stage_peaks_wanted()
+    monkeypatch.setenv("SAGE_RL_STAGE_PEAKS", "0")
+    assert not stage_peaks_wanted()

@@ -27,7 +27,7 @@ from sage_rl.config import dump_config
 from sage_rl.eval.resume import same_settings
 from sage_rl.eval.runner import scenarios_of
 from sage_rl.files import write_atomic
-from sage_rl.memory import bound_heap, peak_rss_bytes, release_memory, reset_peak
+from sage_rl.memory import bound_heap, peak_rss_bytes, release_memory, reset_peak, stage_peaks_wanted
 from sage_rl.recipe.report import write_report
 from sage_rl.runs.collect import run_collect
 from sage_rl.runs.console import err
@@ -217,7 +217,7 @@ def run(cfg: TrainConfig, resume: bool) -> dict[str, Any]:
     ]  # fmt: skip
     for i, (key, title, stage) in enumerate(stages, start=1):
         err.rule(f"[bold]recipe {i}/{len(stages)}: {title}")
-        t0, peaks = time.perf_counter(), reset_peak()
+        t0, peaks = time.perf_counter(), stage_peaks_wanted() and reset_peak()
         result = stage()
         entry = state.setdefault(key, {"title": title})
         entry["result"] = result

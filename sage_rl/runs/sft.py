@@ -28,11 +28,14 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> dict:
             torch.set_num_threads(pick_threads())
             err.print(f"sft: {torch.get_num_threads()} torch threads (optim.threads=null: the free cores)")
 
+            asked: list[int] = []  # a count that differs from the current one, asked for once so far
+
             def rethread(step: int) -> None:  # and again before every step: a neighbour comes and goes
-                n = pick_threads(samples=3)
-                if n != torch.get_num_threads():
+                n = pick_threads(samples=3)  # 0.1 s of probes: one busy moment can be a blip
+                if n != torch.get_num_threads() and asked == [n]:  # twice in a row: a change
                     torch.set_num_threads(n)
                     err.print(f"sft: step {step}: {n} torch threads (the free cores changed)")
+                asked[:] = [n] if n != torch.get_num_threads() else []
 
         _, result = train_sft(
             model, tokenizer, examples, cfg, ChatRenderer(tokenizer).conversation, show_progress, rethread
