@@ -92,16 +92,17 @@ def job_peak(row: dict[str, object]) -> dict[str, object]:
 def measure(out: Path, overrides: list[str]) -> tuple[dict[str, float], str]:
     """Run the main job into ``out``; returns (GNU time's figures, its raw report)."""
     cmd = [str(SAGE_RL), "recipe", f"out_dir={out}", *overrides]  # = `sage-rl train` without arguments
+    env = os.environ | {"SAGE_RL_STAGE_PEAKS": "1"}  # each stage records its own peak (recipe.json)
     gnu = shutil.which("time") or ("/usr/bin/time" if Path("/usr/bin/time").exists() else None)
     if gnu:
         with tempfile.NamedTemporaryFile("r", suffix=".time") as log:
-            proc = subprocess.run([gnu, "-v", "-o", log.name, *cmd], cwd=ROOT, env=os.environ | {"SAGE_RL_STAGE_PEAKS": "1"})
+            proc = subprocess.run([gnu, "-v", "-o", log.name, *cmd], cwd=ROOT, env=env)
             text = Path(log.name).read_text()
         if proc.returncode != 0:
             raise SystemExit(f"sage-rl train failed (exit {proc.returncode})")
         return parse_time_v(text), text
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=os.environ | {"SAGE_RL_STAGE_PEAKS": "1"})
+    proc = subprocess.run(cmd, cwd=ROOT, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"sage-rl train failed (exit {proc.returncode})")
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # Linux: kilobytes

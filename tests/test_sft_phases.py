@@ -38,9 +38,8 @@ def test_each_variant_trains_the_recipes_sft_with_its_own_change(tiny_dir, tmp_p
     assert (recipe["variant"], recipe["steps"], unpacked["overrides"]) == ("recipe", 2, {"optim.packing": False})
     assert unpacked["steps"] == 2  # as many epochs as the steps take
     assert all(r["setup_s"] > 0 and r["step_s"] > 0 and r["end_s"] > 0 for r in out["variants"])
-    base = bench.sft_config(bench.load_config(bench.TrainConfig, "configs/laptop_recipe.yaml", []),
-                            bench.load_config(bench.TrainConfig, "configs/laptop_recipe.yaml", []).recipe,
-                            tmp_path / "data.jsonl", tmp_path)  # fmt: skip
+    train_cfg = bench.load_config(bench.TrainConfig, "configs/laptop_recipe.yaml", [])
+    base = bench.sft_config(train_cfg, train_cfg.recipe, tmp_path / "data.jsonl", tmp_path)
     cfg = bench.variant_config(base, bench.VARIANTS["dense"], 3, tmp_path / "o")
     assert cfg.optim.epochs >= 1e6
     assert (cfg.optim.attention, cfg.optim.max_steps, cfg.output.save_every_s) == ("dense", 3, None)

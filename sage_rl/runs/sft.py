@@ -28,14 +28,19 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> dict:
             torch.set_num_threads(pick_threads())
             err.print(f"sft: {torch.get_num_threads()} torch threads (optim.threads=null: the free cores)")
 
-            asked: list[int] = []  # a count that differs from the current one, asked for once so far
+            asked: int | None = None  # a count other than the current one, asked for at the last check
 
             def rethread(step: int) -> None:  # and again before every step: a neighbour comes and goes
+                nonlocal asked
                 n = pick_threads(samples=3)  # 0.1 s of probes: one busy moment can be a blip
-                if n != torch.get_num_threads() and asked == [n]:  # twice in a row: a change
+                if n == torch.get_num_threads():
+                    asked = None
+                elif n == asked:  # twice in a row: a change, not a blip
                     torch.set_num_threads(n)
+                    asked = None
                     err.print(f"sft: step {step}: {n} torch threads (the free cores changed)")
-                asked[:] = [n] if n != torch.get_num_threads() else []
+                else:
+                    asked = n
 
         _, result = train_sft(
             model, tokenizer, examples, cfg, ChatRenderer(tokenizer).conversation, show_progress, rethread
