@@ -136,12 +136,12 @@ def _attend(*args):
     return attention.attend_pooled(*args)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 15, 16])
 def test_the_kernels_blocked_product_is_the_blocked_matmul(kernel, rows):
-    """``blocked_product`` (its own two-rows-at-a-time loop where the kernel is built for AVX2, torch's
-    matmul with AVX-512): the column blocks' product of ``packed.pack``, odd row counts and a K that
-    is no multiple of 8 included, within float32 rounding; the LM head's logits through it are
-    ``packed_linear``'s."""
+    """``blocked_product`` (its own loop: two rows a pass over a block where the kernel is built for
+    AVX2, eight, then four, two and one with AVX-512): the column blocks' product of ``packed.pack``,
+    row counts that take every pass (15 = 8 + 4 + 2 + 1) and a K that is no multiple of 8 included,
+    within float32 rounding; the LM head's logits through it are ``packed_linear``'s."""
     from sage_rl.engine.packed import pack, packed_linear
 
     g = torch.Generator().manual_seed(rows)

@@ -246,7 +246,7 @@ class NativeRunner:
     def _logits(self, h_BD: torch.Tensor) -> torch.Tensor:
         h_BD = F.rms_norm(h_BD, h_BD.shape[-1:], self.norm, self.eps)
         if self.head_blocks is not None and h_BD.shape[0] <= MAX_ROWS:
-            kernel = native.decode_kernel() if self.kernel_weights is not None else None  # its own under AVX2
+            kernel = native.decode_kernel() if self.kernel_weights is not None else None  # its own product
             product = kernel.blocked_product if kernel is not None else torch.matmul
             return packed_linear(h_BD, self.head_blocks, product=product).float()
         return F.linear(h_BD, self.lm_head).float()

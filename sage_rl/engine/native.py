@@ -4,10 +4,10 @@
 :class:`~sage_rl.engine.pool.DecodePool` runs ~160 small torch operations a layer between its
 matrix products; at two threads they cost as much as the products' weight traffic. The kernel does
 them in a few loops a layer (attention one task per KV head and row, over the shared prefix and the
-row's own positions) and keeps torch's products, or under AVX2 does them too: 1.29x faster decode
-steps at 2 threads, quiet, on the first version (docs/LOG.md, 2026-12-03), 45.7 -> 36.8 ms a step's
-layers after its attention changed (2026-12-04, twenty-ninth session), with the same logits within
-float32 rounding.
+row's own positions) and the column blocks' products too (under AVX2 since 2026-12-04, with AVX-512
+since 2026-12-05): 1.29x faster decode steps at 2 threads, quiet, on the first version (docs/LOG.md,
+2026-12-03), 45.7 -> 36.8 ms a step's layers after its attention changed (2026-12-04, twenty-ninth
+session), with the same logits within float32 rounding.
 
 It is compiled from source with torch's extension builder the first time a process asks for it
 (~20 s; a C++ compiler and ``ninja``, a pinned dependency), for the instruction set torch's own

@@ -2,7 +2,7 @@
 //
 // The same computation as NativeRunner._forward + attention.attend_pooled for one new token per
 // row, the rows' caches being slots of one DecodePool: the matrix products are the column-blocked
-// products of engine/packed.py (torch's, or under AVX2 our own few-row loop), and what lay between
+// products of engine/packed.py (our own few-row loop over the column blocks), and what lay between
 // them, ~160 small torch operations a layer, becomes a few loops here: the norms, the rotary
 // embedding and the cache write in one pass; attention in one task per (KV head, row), over the
 // shared prefix and then the row's own positions, with one softmax over both (a KV head's query
@@ -239,45 +239,67 @@ void attend_group(const float* q0, int gc, const Span* spans, int ns, float* sc,
 
 const float* optional(const Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
 
-// Built for AVX2 without AVX-512 (x86-64-v3): the products of column blocks are our own loop.
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-#define SAGE_OWN_PRODUCT 1
+// The products of column blocks are our own loop (x86-64-v3 and v4 builds): a block read as it lies,
+// every weight once per pass of R rows. MKL's AVX2 path packs each block into a buffer at every call
+// (a fifth of a step's cycles on a Zen 3), and on a Zen 4 its AVX-512 path took 21.9 ms for the
+// products of an 8-row step against 10.5 ms for this loop, eight rows a pass (docs/LOG.md, 2026-12-04
+// and 2026-12-05). Each output column is summed over k in order, one fused multiply-add at a time, in
+// both builds, so the AVX-512 and AVX2 builds give the same bits.
+// The vector registers of the build: 16 lanes (32 registers) with AVX-512, 8 (16 registers) with AVX2.
+#if defined(__AVX512F__)
+struct Lanes {
+  using V = __m512;
+  static constexpr int W = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+};
+constexpr int ROWS = 8;  // rows per pass over a block: 16 accumulators of the 32 registers
+#else
+struct Lanes {
+  using V = __m256;
+  static constexpr int W = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+};
+constexpr int ROWS = 2;  // 8 accumulators, 4 weight vectors and a broadcast of the 16 registers
 #endif
 
-#ifdef SAGE_OWN_PRODUCT
 // R rows (x [R, K], row stride K) times one column block w [K, BLOCK]: y [R, BLOCK] (row stride
-// BLOCK), the 32 columns in four 8-wide accumulators per row, every weight read once per R rows.
+// BLOCK), the 32 columns in BLOCK / W accumulators per row, every weight read once per R rows.
 template <int R>
 void rows_times_block(const float* x, int64_t K, const float* w, float* y) {
-  __m256 a[R][4];
+  constexpr int C = BLOCK / Lanes::W;
+  Lanes::V a[R][C], wv[C];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < 4; ++c) a[r][c] = _mm256_setzero_ps();
+    for (int c = 0; c < C; ++c) a[r][c] = Lanes::zero();
   for (int64_t k = 0; k < K; ++k) {
     const float* wk = w + k * BLOCK;
     _mm_prefetch(reinterpret_cast<const char*>(wk + 12 * BLOCK), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(wk + 12 * BLOCK + 16), _MM_HINT_T0);
-    const __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
-    const __m256 w2 = _mm256_loadu_ps(wk + 16), w3 = _mm256_loadu_ps(wk + 24);
+    for (int c = 0; c < C; ++c) wv[c] = Lanes::load(wk + c * Lanes::W);
     for (int r = 0; r < R; ++r) {
-      const __m256 xb = _mm256_broadcast_ss(x + r * K + k);
-      a[r][0] = _mm256_fmadd_ps(xb, w0, a[r][0]);
-      a[r][1] = _mm256_fmadd_ps(xb, w1, a[r][1]);
-      a[r][2] = _mm256_fmadd_ps(xb, w2, a[r][2]);
-      a[r][3] = _mm256_fmadd_ps(xb, w3, a[r][3]);
+      const Lanes::V xb = Lanes::set1(x[r * K + k]);
+      for (int c = 0; c < C; ++c) a[r][c] = Lanes::fma(xb, wv[c], a[r][c]);
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < 4; ++c) _mm256_storeu_ps(y + r * BLOCK + c * 8, a[r][c]);
+    for (int c = 0; c < C; ++c) Lanes::store(y + r * BLOCK + c * Lanes::W, a[r][c]);
 }
-#endif
 
-// x [B, K] times column blocks w [N / BLOCK, K, BLOCK]: the blocked product [N / BLOCK, B, BLOCK].
-// With AVX-512, torch's matmul (MKL's kernels are at the weights' bandwidth there). With AVX2 only,
-// two rows at a time over each block, the blocks split among the threads: MKL's AVX2 path packs
-// each block into a buffer at every call, a fifth of a step's cycles on a Zen 3 (docs/LOG.md,
-// 2026-12-04), where a block read as it lies needs no copy.
+// x [B, K] times column blocks w [N / BLOCK, K, BLOCK]: the blocked product [N / BLOCK, B, BLOCK],
+// ROWS rows at a time over each block (then the rest one by one), the blocks split among the threads.
+template <int R>
+void rows_pass(const float* x, int64_t K, const float* w, float* y, int64_t& r, int64_t B) {
+  for (; r + R <= B; r += R) rows_times_block<R>(x + r * K, K, w, y + r * BLOCK);
+}
+
 Tensor blocked_product(const Tensor& x, const Tensor& w) {
-#ifdef SAGE_OWN_PRODUCT
   const int64_t B = x.size(0), K = x.size(1), nb = w.size(0);
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && w.size(1) == K && w.size(2) == BLOCK,
               "blocked_product: x [B, K] and blocks [N / ", BLOCK, ", K, ", BLOCK, "], contiguous");
@@ -287,15 +309,16 @@ Tensor blocked_product(const Tensor& x, const Tensor& w) {
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, nb, 1, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
+      const float* wj = wp + j * K * BLOCK;
+      float* yj = yp + j * B * BLOCK;
       int64_t r = 0;
-      for (; r + 2 <= B; r += 2) rows_times_block<2>(xp + r * K, K, wp + j * K * BLOCK, yp + (j * B + r) * BLOCK);
-      if (r < B) rows_times_block<1>(xp + r * K, K, wp + j * K * BLOCK, yp + (j * B + r) * BLOCK);
+      rows_pass<ROWS>(xp, K, wj, yj, r, B);
+      if constexpr (ROWS > 4) rows_pass<4>(xp, K, wj, yj, r, B);
+      if constexpr (ROWS > 2) rows_pass<2>(xp, K, wj, yj, r, B);
+      rows_pass<1>(xp, K, wj, yj, r, B);
     }
   });
   return y;
-#else
-  return at::matmul(x, w);
-#endif
 }
 
 }  // namespace
