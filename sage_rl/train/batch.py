@@ -75,17 +75,26 @@ class TokenBatch:
 
 
 def micro_batches(
-    samples: Sequence[PreparedSample], size: int, by_prompt: bool = False
+    samples: Sequence[PreparedSample], size: int, by_prompt: bool = False, max_tokens: int | None = None
 ) -> list[list[PreparedSample]]:
-    """Chunks of ``size``, longest first, so that sequences of similar length are padded together.
-    ``by_prompt``: samples with the same opening (the tokens before their first generated one) are
-    kept together first (so a micro-batch is a GRPO group and shares its prompt), longest first
-    within it."""
+    """Chunks of at most ``size``, longest first, so that sequences of similar length are padded
+    together. ``by_prompt``: samples with the same opening (the tokens before their first generated
+    one) are kept together first (so a micro-batch is a GRPO group and shares its prompt), longest
+    first within it. ``max_tokens``: a chunk also holds at most that many padded tokens (its
+    samples times its longest; a longer sample is a chunk of its own)."""
     if by_prompt:
         ordered = sorted(samples, key=lambda s: (s.opening, -len(s.ids)))
     else:
         ordered = sorted(samples, key=lambda s: len(s.ids), reverse=True)
-    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    chunks: list[list[PreparedSample]] = []
+    for s in ordered:
+        last = chunks[-1] if chunks else None
+        longest = max(len(s.ids), *(len(x.ids) for x in last)) if last else 0
+        if last and len(last) < size and (max_tokens is None or (len(last) + 1) * longest <= max_tokens):
+            last.append(s)
+        else:
+            chunks.append([s])
+    return chunks
 
 
 def collate(

@@ -39,6 +39,12 @@ class TrainerConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0, description="max global gradient norm")
     micro_batch_size: int = Field(4, gt=0, description="sequences per forward/backward")
+    micro_batch_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="at most this many padded tokens (sequences x the longest) per forward/backward: "
+        "long samples run in smaller micro-batches (a sample longer than it runs alone); null = no cap",
+    )
     eps_low: float = Field(0.2, ge=0, lt=1)
     eps_high: float = Field(0.2, ge=0)
     loss_agg: LossAgg = LossAgg.SEQ_MEAN_TOKEN_MEAN
@@ -60,6 +66,11 @@ class TrainerConfig(Section):
     lean_activations: bool = Field(
         True,
         description="MLPs and RMSNorms keep only their inputs for backward (train/lean.py; off under autocast)",
+    )
+    causal_attention: bool = Field(
+        True,
+        description="attention of the right-padded rows through one causal mask per forward, not a "
+        "padding mask copied per layer (train/causal.py; memory only, auto-checked per model)",
     )
     tis_cap: float | None = Field(
         None,

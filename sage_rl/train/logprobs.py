@@ -76,17 +76,23 @@ class ChunkedHead:
         return cls(get_decoder(), head) if torch.allclose(split, whole, atol=1e-5, rtol=1e-4) else None
 
     def logprobs(
-        self, b: TokenBatch, with_entropy: bool, past: KV | None = None, temperature: float = 1.0
+        self,
+        b: TokenBatch,
+        with_entropy: bool,
+        past: KV | None = None,
+        temperature: float = 1.0,
+        **model_kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logp_BT, entropy_BT) over the trained window; zero off the mask (masked out later).
         ``past``: the keys/values of ``b.prefix_ids`` (train/prefix.py), when the batch has one;
-        ``temperature``: as in ``token_logprobs``."""
+        ``temperature``: as in ``token_logprobs``; ``model_kwargs``: handed to the decoder."""
         T = b.ids_BT.shape[1]
         hidden = self.decoder(
             input_ids=b.ids_BT,
             attention_mask=b.attn_full_BT,
             past_key_values=as_cache(past, b.ids_BT.shape[0]),
             use_cache=past is not None,
+            **model_kwargs,
         ).last_hidden_state
         window = hidden[:, T - b.logits_to_keep : T - 1]  # position t predicts target t + 1
         sel = b.mask_BT.bool()

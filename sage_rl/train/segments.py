@@ -23,7 +23,6 @@ keyword argument that the model hands down to every attention call.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from sage_rl.train.causal import attention_as
 from sage_rl.train.sft_data import HEAD, PAD
 
 NAME = "sage_segments"
@@ -112,13 +112,6 @@ def segment_attention(
 AttentionInterface.register(NAME, segment_attention)
 
 
-@contextlib.contextmanager
-def segmented(model: Any) -> Iterator[None]:
+def segmented(model: Any) -> contextlib.AbstractContextManager[None]:
     """Run ``model``'s attention as :func:`segment_attention` inside the block."""
-    config = model.config
-    before = config._attn_implementation
-    config._attn_implementation = NAME
-    try:
-        yield
-    finally:
-        config._attn_implementation = before
+    return attention_as(model, NAME)

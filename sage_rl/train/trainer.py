@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from sage_rl.train import causal
 from sage_rl.train.batch import PreparedSample, TokenBatch, collate, micro_batches
 from sage_rl.train.config import LoraConfig, TrainerConfig
 from sage_rl.train.lean import lean_activations
@@ -159,6 +160,7 @@ class Trainer:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.head = ChunkedHead.of(self.model, self.device) if cfg.chunked_head else None
         self.share_prefix = cfg.shared_prefix and supported(self.model, self.device)
+        self.causal = cfg.causal_attention and causal.supported(self.model, self.device)
         self.optimizer = build_optimizer(self.model, cfg.lr, cfg.betas, cfg.weight_decay)
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
         self.pad_id = int(pad) if pad is not None else 0
@@ -223,7 +225,9 @@ class Trainer:
         if not prepared:
             return stats
         self.model.train()
-        groups = micro_batches(prepared, self.cfg.micro_batch_size, by_prompt=self.share_prefix)
+        groups = micro_batches(
+            prepared, self.cfg.micro_batch_size, self.share_prefix, self.cfg.micro_batch_tokens
+        )
         root = self._step_prefix(prepared) if len(groups) > 1 else None
         for group in groups:
             n = self._prefix_len(group)
@@ -314,9 +318,16 @@ class Trainer:
     def _logprobs(
         self, model: Any, b: TokenBatch, with_entropy: bool, past: KV | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        with self._forward_mode(model):
+        extra: dict[str, Any] = {}
+        attention = contextlib.nullcontext()
+        if self.causal:  # train/causal.py: one causal mask for every layer, no padding mask
+            T = b.ids_BT.shape[1]
+            dtype = self.autocast_dtype or next(model.parameters()).dtype
+            extra["sage_causal"] = causal.causal_mask(T, len(b.prefix_ids) + T, dtype, self.device)
+            attention = causal.attention_as(model, causal.NAME)
+        with self._forward_mode(model), attention:
             if self.head is not None and model is self.model:
-                return self.head.logprobs(b, with_entropy, past, self.temperature)
+                return self.head.logprobs(b, with_entropy, past, self.temperature, **extra)
             # Logits only from the first trained position on: prompt logits are never used.
             logits_BTV = model(
                 input_ids=b.ids_BT,
@@ -324,6 +335,7 @@ class Trainer:
                 logits_to_keep=b.logits_to_keep,
                 past_key_values=as_cache(past, b.ids_BT.shape[0]),
                 use_cache=past is not None,
+                **extra,
             ).logits
         return token_logprobs(logits_BTV, b.target_BT, with_entropy, self.temperature)
 
