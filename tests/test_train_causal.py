@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+from test_prefix import grads_and_metrics as _run
 from test_prefix import shared_batch, unshared_batch
 from test_trainer import make_sample
 
@@ -27,13 +28,6 @@ def test_the_mask_by_hand():
         [0.0, 0.0, INF],
         [0.0, 0.0, 0.0],
     ]
-
-
-def _run(model, tok, samples, **cfg):
-    trainer = Trainer(copy.deepcopy(model), tok, TrainerConfig(lr=1e-3, shared_prefix_min_tokens=1, **cfg))
-    stats = trainer.accumulate_gradients(samples, num_chains=3)
-    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-    return grads, stats.as_metrics(), trainer
 
 
 @pytest.mark.parametrize("micro", [2, 6])
