@@ -85,16 +85,15 @@ def attention_as(model: Any, name: str) -> Iterator[None]:
 def supported(model: Any, device: torch.device) -> bool:
     """Whether ``model`` on a right-padded probe batch, with and without a prefix cache, gives the
     logits of its own attention on every real token through ``causal_attention``."""
-    from sage_rl.train.prefix import as_cache, prefix_kv
+    from sage_rl.train.prefix import PROBE_PREFIX, as_cache, prefix_kv, probe_batch
 
     was_training = model.training
     model.eval()
     try:
-        ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 10, 0, 0]], device=device)
-        attn = torch.tensor([[1] * 8, [1] * 6 + [0, 0]], device=device)
+        ids, attn = probe_batch(device)
         dtype = model.get_input_embeddings().weight.dtype
         whole = model(input_ids=ids, attention_mask=attn).logits
-        past = prefix_kv(model, [1, 2, 3, 4], device)  # as the trainer runs it: the model's own path
+        past = prefix_kv(model, PROBE_PREFIX, device)  # as the trainer runs it: the model's own path
         with attention_as(model, NAME):
             ours = model(
                 input_ids=ids, attention_mask=attn, sage_causal=causal_mask(8, 8, dtype, device)

@@ -104,17 +104,26 @@ class StepPrefix:
             torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
 
 
+#: the support probes' first tokens every row shares (``probe_batch``)
+PROBE_PREFIX = [1, 2, 3, 4]
+
+
+def probe_batch(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, attention mask)`` of the support probes: two rows that share ``PROBE_PREFIX``, then
+    suffixes of 4 and 2 tokens (the second right-padded)."""
+    ids = torch.tensor([[*PROBE_PREFIX, 5, 6, 7, 8], [*PROBE_PREFIX, 9, 10, 0, 0]], device=device)
+    return ids, torch.tensor([[1] * 8, [1] * 6 + [0, 0]], device=device)
+
+
 @torch.no_grad()
 def supported(model: Any, device: torch.device) -> bool:
-    """Whether prefix + suffix through the cache reproduces the plain forward on a probe batch of
-    two rows with suffixes of different lengths (right-padded)."""
+    """Whether prefix + suffix through the cache reproduces the plain forward on ``probe_batch``."""
     was_training = model.training
     model.eval()
     try:
-        ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 10, 0, 0]], device=device)
-        attn = torch.tensor([[1] * 8, [1] * 6 + [0, 0]], device=device)
+        ids, attn = probe_batch(device)
         whole = model(input_ids=ids, attention_mask=attn).logits
-        past = prefix_kv(model, [1, 2, 3, 4], device)
+        past = prefix_kv(model, PROBE_PREFIX, device)
         split = model(
             input_ids=ids[:, 4:], attention_mask=attn, past_key_values=as_cache(past, 2), use_cache=True
         ).logits

@@ -293,7 +293,8 @@ void rows_times_block(const float* x, int64_t K, const float* w, float* y) {
 }
 
 // x [B, K] times column blocks w [N / BLOCK, K, BLOCK]: the blocked product [N / BLOCK, B, BLOCK],
-// ROWS rows at a time over each block (then the rest one by one), the blocks split among the threads.
+// ROWS rows a pass over each block (the rest in passes of four, two, one), the blocks split among
+// the threads.
 template <int R>
 void rows_pass(const float* x, int64_t K, const float* w, float* y, int64_t& r, int64_t B) {
   for (; r + R <= B; r += R) rows_times_block<R>(x + r * K, K, w, y + r * BLOCK);
