@@ -5,7 +5,14 @@ path wherever it cannot be built or is turned off."""
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,3 +161,75 @@ def test_the_kernels_blocked_product_is_the_blocked_matmul(kernel, rows):
     head = packed_linear(x, blocks, product=kernel.blocked_product)
     assert torch.allclose(head, x @ w.T, atol=1e-5, rtol=1e-5)
     assert torch.allclose(head, packed_linear(x, blocks), atol=1e-5)
+
+
+def _fake_load(seen):
+    """torch's builder as far as its lock goes: it would wait for ever on a ``lock`` file in the folder."""
+
+    def load(name, sources, build_directory, **kwargs):
+        assert not (Path(build_directory) / "lock").exists(), "torch's builder would wait on it for ever"
+        seen.append(time.monotonic())
+        return name
+
+    return load
+
+
+def test_a_builder_lock_left_by_a_killed_build_is_removed_with_a_warning(monkeypatch, tmp_path):
+    import torch.utils.cpp_extension as ext
+
+    monkeypatch.setenv("SAGE_RL_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "disabled", lambda: None)
+    seen = []
+    monkeypatch.setattr(ext, "load", _fake_load(seen))
+    folder = tmp_path / native.build_name()
+    folder.mkdir()
+    (folder / "lock").touch()  # what a process killed inside torch's builder leaves
+    with pytest.warns(RuntimeWarning, match="stopped mid-way"):
+        assert native.decode_kernel.__wrapped__() == native.build_name()
+    assert len(seen) == 1 and not (folder / "lock").exists()
+
+
+def test_a_live_builds_lock_is_waited_for_not_removed(monkeypatch, tmp_path):
+    import torch.utils.cpp_extension as ext
+
+    monkeypatch.setenv("SAGE_RL_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "disabled", lambda: None)
+    folder = tmp_path / native.build_name()
+    folder.mkdir()
+    # another process builds: it holds the kernel's lock and torch's lock file for 1.5 s
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    seen = []
+    monkeypatch.setattr(ext, "load", _fake_load(seen))
+    start = time.monotonic()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "stale lock" warning: that lock was alive
+        assert native.decode_kernel.__wrapped__() == native.build_name()
+    assert holder.wait(timeout=30) == 0
+    assert seen[0] - start > 1.0  # it waited for the build to end
+
+
+_HOLDER = """
+import fcntl, sys, time
+from pathlib import Path
+folder = Path(sys.argv[1])
+with open(folder.parent / (folder.name + ".flock"), "a") as handle:
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    (folder / "lock").touch()
+    print("held", flush=True)
+    time.sleep(1.5)
+    (folder / "lock").unlink()
+"""
+
+
+def test_torchs_own_builder_loads_past_a_stale_lock(kernel, tmp_path):
+    # the built kernel's folder copied, with the lock file a killed build leaves: torch's real builder,
+    # in a fresh process, loads it (it waited for ever before the kernel's own lock)
+    name = native.build_name()
+    shutil.copytree(native.cache_root() / name, tmp_path / name)
+    (tmp_path / name / "lock").touch()
+    env = {**os.environ, "SAGE_RL_NATIVE_CACHE": str(tmp_path)}
+    code = "from sage_rl.engine import native; assert native.decode_kernel() is not None"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "stopped mid-way" in done.stderr

@@ -20,11 +20,13 @@ compiler, another CPU architecture) the runner keeps its torch path and says why
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import platform
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,25 +53,37 @@ def flags() -> list[str]:
     return ["-O3", f"-march={level}", "-ffp-contract=off", "-fopenmp"]
 
 
+def build_name() -> str:
+    """The kernel's module name: one per source, flags and torch version (its cache folder's name)."""
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags()).encode() + torch.__version__.encode())
+    return f"sage_decode_cpu_{key.hexdigest()[:12]}"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SAGE_RL_NATIVE_CACHE", Path.home() / ".cache" / "sage-rl" / "native"))
+
+
 @functools.cache
 def decode_kernel() -> Any | None:
     """The compiled module (its ``decode_layers``), or None with a warning saying why not."""
     reason = disabled()
     if reason is not None:
         return None
-    cflags = flags()
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(cflags).encode() + torch.__version__.encode())
-    name = f"sage_decode_cpu_{key.hexdigest()[:12]}"
-    cache = Path(os.environ.get("SAGE_RL_NATIVE_CACHE", Path.home() / ".cache" / "sage-rl" / "native"))
+    name = build_name()
     try:
         from torch.utils.cpp_extension import load
 
         _ninja_on_path()
-        folder = cache / name
+        folder = cache_root() / name
         folder.mkdir(parents=True, exist_ok=True)
-        return load(
-            name, [str(SOURCE)], extra_cflags=cflags, extra_ldflags=["-fopenmp"], build_directory=str(folder)
-        )
+        with build_lock(folder):
+            return load(
+                name,
+                [str(SOURCE)],
+                extra_cflags=flags(),
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(folder),
+            )
     except Exception as e:  # noqa: BLE001 - any build failure leaves the torch path in place
         first = str(e).strip().splitlines()[:3]
         warnings.warn(
@@ -79,6 +93,36 @@ def decode_kernel() -> Any | None:
             stacklevel=2,
         )
         return None
+
+
+@contextlib.contextmanager
+def build_lock(folder: Path) -> Iterator[None]:
+    """Hold an OS lock on ``folder`` while torch's builder runs in it, and clear a stale builder lock.
+
+    torch's builder marks a build in progress with a lock file in the build folder (``folder/lock``)
+    and makes every other process wait until that file is gone. A process killed while it holds it
+    (a TERM or Ctrl-C in its first seconds, when each process checks the build) leaves the file
+    behind, and from then on every process that loads the kernel waits for ever (a whole recipe run
+    hung so, 2026-12-05). The lock taken here is the kernel's own (``flock``): it dies with its
+    holder. Whoever holds it is the only sage-rl process inside torch's builder for ``folder``, so a
+    builder lock file found then is stale, and is removed, with a warning."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: torch's lock file alone
+        yield
+        return
+    with open(folder.parent / f"{folder.name}.flock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes or the process dies
+        stale = folder / "lock"
+        if stale.exists():
+            warnings.warn(
+                f"sage-rl: removed {stale}, left by a kernel build that was stopped mid-way "
+                "(torch's builder would otherwise wait for it for ever)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            stale.unlink(missing_ok=True)
+        yield
 
 
 def _ninja_on_path() -> None:
