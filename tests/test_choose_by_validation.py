@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from bench_script import load
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["pocketworld.sandbox=false", "agent.max_steps=1", "agent.max_tokens_per_turn=6", "agent.token_budget=null",
@@ -15,10 +15,7 @@ SMALL = ["pocketworld.sandbox=false", "agent.max_steps=1", "agent.max_tokens_per
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("choose_by_validation", ROOT / "benchmarks" / "choose_by_validation.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("choose_by_validation")
 
 
 def test_models_are_evaluated_on_train_val_once_and_the_reported_split_is_refused(tiny_dir, tmp_path, monkeypatch):

@@ -1,17 +1,15 @@
 """benchmarks/credit_replay.py: recorded chains replayed exactly, the credit rules compared."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from bench_script import load
 from test_reward_credit import COMPLETE, chain
 
 from sage_rl.text import dumps
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("credit_replay", ROOT / "benchmarks" / "credit_replay.py")
-replay = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(replay)
+replay = load("credit_replay")
 
 #: the agent limits of test_reward_credit.chain, as the run's config
 CONFIG = "agent: {max_steps: 2, max_tokens_per_turn: 64, context_limit: 4096}\nworked_example: false\n"

@@ -2,12 +2,11 @@
 whole script at toy size on the CPU: the three RL arms run at equal budgets when they fit, skipped
 when they do not."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from bench_script import load
 
 from sage_rl.config import load_config
 from sage_rl.settings import TrainConfig
@@ -16,14 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("gpu_recipe", ROOT / "benchmarks" / "gpu_recipe.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    return load("gpu_recipe")
 
 
 def _sft_done(eval_s: float) -> dict:

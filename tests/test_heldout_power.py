@@ -1,15 +1,13 @@
 """benchmarks/heldout_power.py: the held-out split's sizing, checked against numbers by hand."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from bench_script import load
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("heldout_power", ROOT / "benchmarks" / "heldout_power.py")
-power = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(power)
+power = load("heldout_power")
 
 
 def test_per_scenario_differences_over_the_shared_tasks():

@@ -3,12 +3,12 @@ model (issue 27): every arm's config is what it claims, the results JSON has the
 RL arms stop at equal sampled tokens, each learning curve starts from its own start model, and a
 stopped run resumes without redoing a stage."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import yaml
+from bench_script import load
 
 from sage_rl.envs.pocketworld import tasks
 from sage_rl.recipe.controls import MODELS, NO_LIBRARY, RL_START, screened_templates
@@ -20,10 +20,7 @@ METRICS = ("tgc", "sgc", "steps", "tokens")
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("laptop_recipe", ROOT / "benchmarks" / "laptop_recipe.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("laptop_recipe")
 
 
 def _cfg(path: Path) -> dict:

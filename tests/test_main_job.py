@@ -1,17 +1,15 @@
 """benchmarks/main_job.py: the figures it reads back from GNU time and a finished recipe run."""
 
-import importlib.util
 import json
 from pathlib import Path
+
+from bench_script import load
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("main_job", ROOT / "benchmarks" / "main_job.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("main_job")
 
 
 TIME_V = """\tCommand being timed: ".venv/bin/sage-rl train"

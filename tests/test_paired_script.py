@@ -1,15 +1,13 @@
 """benchmarks/paired.py: two finished evaluations of a run folder, paired as the recipe's table pairs them."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from bench_script import load
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("paired", ROOT / "benchmarks" / "paired.py")
-paired = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(paired)
+paired = load("paired")
 
 
 def _eval(run: Path, model: str, rows: list) -> None:

@@ -1,14 +1,12 @@
 """benchmarks/screen_probe.py: one template the screen's way, greedy and sampled on the same scenarios."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from bench_script import load
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("screen_probe", ROOT / "benchmarks" / "screen_probe.py")
-screen_probe = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(screen_probe)
+screen_probe = load("screen_probe")
 
 
 def test_summary_counts_successes_by_split_mode_and_scenario():

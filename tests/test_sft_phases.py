@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from bench_script import load
 from test_sft import examples
 
 from sage_rl.data.records import write_jsonl
@@ -14,10 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("sft_phases", ROOT / "benchmarks" / "sft_phases.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("sft_phases")
 
 
 def test_phases_by_hand():
