@@ -168,6 +168,8 @@ def _fake_load(seen):
 
     def load(name, sources, build_directory, **kwargs):
         assert not (Path(build_directory) / "lock").exists(), "torch's builder would wait on it for ever"
+        assert sources == [str(Path(build_directory) / "decode_cpu.cpp")]  # compiled from its copy
+        assert Path(sources[0]).read_bytes() == native.SOURCE.read_bytes()
         seen.append(time.monotonic())
         return name
 
@@ -233,3 +235,26 @@ def test_torchs_own_builder_loads_past_a_stale_lock(kernel, tmp_path):
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "stopped mid-way" in done.stderr
+
+
+def test_two_checkouts_of_the_source_share_one_build(monkeypatch, tmp_path):
+    # torch's builder keys a build on its command line, which names the source by path: compiled from
+    # each checkout's own path, two checkouts rebuilt the kernel in turn
+    import torch.utils.cpp_extension as ext
+
+    monkeypatch.setenv("SAGE_RL_NATIVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "disabled", lambda: None)
+    calls = []
+    monkeypatch.setattr(ext, "load", lambda name, sources, **kw: calls.append((name, sources)) or name)
+    other = tmp_path / "checkout" / "decode_cpu.cpp"
+    other.parent.mkdir()
+    other.write_bytes(native.SOURCE.read_bytes())
+    native.decode_kernel.__wrapped__()
+    monkeypatch.setattr(native, "SOURCE", other)
+    native.decode_kernel.__wrapped__()
+    assert calls[0] == calls[1]  # the same module name and the same source path: one command line
+    assert calls[0][1] == [str(tmp_path / "cache" / calls[0][0] / "decode_cpu.cpp")]
+    other.write_bytes(native.SOURCE.read_bytes() + b"\n// changed\n")
+    native.decode_kernel.__wrapped__()
+    assert calls[2][0] != calls[0][0]  # another source, another build
+    assert Path(calls[2][1][0]).read_bytes().endswith(b"// changed\n")

@@ -13,9 +13,10 @@ It is compiled from source with torch's extension builder the first time a proce
 (~20 s; a C++ compiler and ``ninja``, a pinned dependency), for the instruction set torch's own
 kernels use here (``x86-64-v4`` for AVX-512, ``v3`` for AVX2, so ``ATEN_CPU_CAPABILITY=avx2``
 measures AVX2 code), and cached under ``$SAGE_RL_NATIVE_CACHE`` (default
-``~/.cache/sage-rl/native``) per source, flags and torch version. Where it cannot be built (no
-compiler, another CPU architecture) the runner keeps its torch path and says why once;
-``SAGE_RL_NATIVE=0`` turns it off.
+``~/.cache/sage-rl/native``) per source, flags, torch version and torch installation (the source is
+copied into that folder and compiled there, so every checkout of it shares one build). Where it
+cannot be built (no compiler, another CPU architecture) the runner keeps its torch path and says
+why once; ``SAGE_RL_NATIVE=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -54,9 +55,25 @@ def flags() -> list[str]:
 
 
 def build_name() -> str:
-    """The kernel's module name: one per source, flags and torch version (its cache folder's name)."""
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags()).encode() + torch.__version__.encode())
-    return f"sage_decode_cpu_{key.hexdigest()[:12]}"
+    """The kernel's module name (its cache folder's name): one per source, flags, torch version and
+    torch installation, whose headers and libraries the build names by path."""
+    torch_dir = str(Path(torch.__file__).resolve().parent)
+    parts = [SOURCE.read_bytes(), " ".join(flags()).encode(), torch.__version__.encode(), torch_dir.encode()]
+    key = hashlib.sha256(b"\0".join(parts)).hexdigest()
+    return f"sage_decode_cpu_{key[:12]}"
+
+
+def staged_source(folder: Path) -> Path:
+    """The source, copied into the build folder: torch's builder keys a build on its command line,
+    which names the source by path, so two checkouts of the same source compiled from their own
+    paths rebuilt the kernel in turn (21-42 s each; 2026-12-05)."""
+    staged = folder / SOURCE.name
+    text = SOURCE.read_bytes()
+    if not staged.is_file() or staged.read_bytes() != text:
+        tmp = staged.with_suffix(".tmp")
+        tmp.write_bytes(text)
+        tmp.replace(staged)
+    return staged
 
 
 def cache_root() -> Path:
@@ -79,7 +96,7 @@ def decode_kernel() -> Any | None:
         with build_lock(folder):
             return load(
                 name,
-                [str(SOURCE)],
+                [str(staged_source(folder))],
                 extra_cflags=flags(),
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(folder),
