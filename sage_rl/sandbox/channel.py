@@ -60,12 +60,13 @@ class WorkerChannel(asyncio.Protocol):
 
     # -- used by Session -------------------------------------------------------------------------
 
-    async def wait(self) -> dict[str, Any]:
-        """The next ``hello`` or ``done``. Raises EOFError / ProtocolError when the worker broke."""
+    def pending(self) -> asyncio.Future[dict[str, Any]]:
+        """The next ``hello`` or ``done``, to await; it fails with EOFError / ProtocolError when the
+        worker breaks (raised now if it already has)."""
         if self.error is not None:
             raise self.error
         assert self.waiter is not None
-        return await self.waiter
+        return self.waiter
 
     def start_cell(self, frame: bytes) -> None:
         if self.error is not None:

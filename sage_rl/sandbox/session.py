@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sage_rl.sandbox import pauses
 from sage_rl.sandbox.channel import WorkerChannel, WorkerHandle
 from sage_rl.sandbox.flow import WorldChanges
 from sage_rl.sandbox.isolation import IsolationReport
@@ -126,8 +127,7 @@ class Session:
         channel = WorkerChannel(self._answer, self.limits.message_bytes)
         worker = await WorkerHandle.connect(pid, sock, channel)
         try:
-            async with asyncio.timeout(30):
-                hello = await channel.wait()
+            hello = await pauses.wait_running(channel.pending(), 30)
         except BaseException:
             worker.kill()
             raise
@@ -145,25 +145,27 @@ class Session:
             "cpu": lim.cpu_seconds,
         }
         self._calls = self._api_ok = 0
-        # The worker's clock stops while it waits for an answer (up to as much again as the limit),
-        # so the deadline moves with each answer, never past twice the limit plus the grace.
-        self._latest = asyncio.get_running_loop().time() + 2 * lim.wall_timeout_s + lim.kill_grace_s
+        pauses.watch()
+
+        def round_started(deadline: asyncio.Timeout) -> None:
+            # The worker's clock stops while it waits for an answer (up to as much again as the
+            # limit), so the deadline moves with each answer, never past twice the limit plus the
+            # grace; a round starts again, whole, after this process was stopped (pauses.py).
+            self._deadline = deadline
+            self._latest = asyncio.get_running_loop().time() + 2 * lim.wall_timeout_s + lim.kill_grace_s
+
         try:
-            async with asyncio.timeout(lim.wall_timeout_s + lim.kill_grace_s) as self._deadline:
-                worker.signal(signal.SIGCONT)
-                worker.channel.start_cell(encode(msg))
-                done = await worker.channel.wait()
+            worker.signal(signal.SIGCONT)
+            worker.channel.start_cell(encode(msg))
+            # An answer read in the same pass as the expired deadline (an event loop blocked by a
+            # long synchronous model step) still counts: the cell finished, its worker lives on.
+            done = await pauses.wait_running(
+                worker.channel.pending(), lim.wall_timeout_s + lim.kill_grace_s, round_started
+            )
             # Frozen between cells: threads the code left running take no CPU while the policy thinks.
             worker.signal(signal.SIGSTOP)
             return _result(done, lim.output_chars)
         except TimeoutError:
-            late = worker.channel.waiter
-            if late is not None and late.done() and not late.cancelled() and late.exception() is None:
-                # The answer came in time, but the event loop, blocked meanwhile (e.g. by a long
-                # synchronous model step), read it in the same pass as the expired deadline, and
-                # asyncio ran the deadline first: the cell finished, and its worker lives on.
-                worker.signal(signal.SIGSTOP)
-                return _result(late.result(), lim.output_chars)
             return _Failure(
                 f"Timed out after {lim.wall_timeout_s:g} s, and the code did not stop when interrupted "
                 f"(for example it was stuck in a C call), so its process was killed and replaced. {RESTARTED}",
@@ -215,7 +217,7 @@ class Session:
             return _error(_message(e))
         changed = self.changes.after()
         try:
-            frame = encode({"op": "ret", "ok": True, "value": value, "changed": changed})
+            frame = encode({"op": "ret", "ok": True, "value": value, "changed": changed, **_continued()})
         except (TypeError, ValueError) as e:
             return _error(f"apis.{app}.{api} returned a non-JSON value ({e})")
         if len(frame) > self.limits.message_bytes:
@@ -242,7 +244,13 @@ def _message(e: Exception) -> str:
 
 
 def _error(message: str) -> bytes:
-    return encode({"op": "ret", "ok": False, "error": message})
+    return encode({"op": "ret", "ok": False, "error": message, **_continued()})
+
+
+def _continued() -> dict[str, float]:
+    """When this process was last continued after a stop, for the worker's clock (pauses.py)."""
+    last = pauses.last_continued()
+    return {"continued_at": last} if last else {}
 
 
 def _public_name(x: Any) -> bool:

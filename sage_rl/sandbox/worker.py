@@ -103,11 +103,16 @@ class _CellState:
         left, _ = signal.setitimer(signal.ITIMER_REAL, 0)
         return (left, time.monotonic()) if left > 0 else None
 
-    def resume_clock(self, paused: tuple[float, float] | None) -> None:
+    def resume_clock(self, paused: tuple[float, float] | None, continued_at: Any = None) -> None:
+        """Restart the clock after a wait for the parent. ``continued_at`` (the reply's): when the
+        parent was last continued after a stop; a wait on a stopped parent is no one's time."""
         if paused is None:
             return
         left, since = paused
-        waited = time.monotonic() - since
+        now = time.monotonic()
+        waited = now - since
+        if type(continued_at) is float and since < continued_at <= now:
+            waited = now - continued_at
         credit = min(waited, self.wait_credit_s)
         self.wait_credit_s -= credit
         left -= waited - credit
@@ -139,7 +144,7 @@ class Bridge:
         main = threading.get_ident() == self.main_ident
         # A timeout signal arriving mid-exchange is deferred until the reply is read, so a frame
         # is never half-read (see _on_limit_signal). The wall clock stops while the parent answers.
-        paused = None
+        paused, reply = None, {}
         if main:
             self.state.in_bridge = True
             paused = self.state.pause_clock()
@@ -149,7 +154,7 @@ class Bridge:
                 reply = self.chan.recv()
         finally:
             if main:
-                self.state.resume_clock(paused)
+                self.state.resume_clock(paused, reply.get("continued_at"))
                 self.state.in_bridge = False
         if main and self.state.pending is not None:
             message, self.state.pending = self.state.pending, None
