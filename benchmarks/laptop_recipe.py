@@ -87,6 +87,7 @@ from sage_rl.recipe.pipeline import (
 )
 from sage_rl.recipe.share import share_sft_stages
 from sage_rl.recipe.status import show as show_status
+from sage_rl.runs.claim import RunInUse, claim
 from sage_rl.runs.collect import run_collect
 from sage_rl.runs.sft import run_sft
 from sage_rl.settings import TrainConfig
@@ -128,7 +129,12 @@ def run(cfg: TrainConfig, out: Path, until: str = "all", parallel: bool = False)
     leaves free, measured each step (``engine/threads.py``): one each while both decode, both once
     the other is done or waits on its sandboxes (9% less wall than one thread each, docs/LOG.md).
     Training stays one run at a time: each RL trainer peaks at 12-17 GB at these sizes, and two side
-    by side were OOM-killed on 24 GB (docs/LOG.md)."""
+    by side were OOM-killed on 24 GB (docs/LOG.md). One process at a time in ``out`` (runs/claim.py)."""
+    with claim(out):
+        return _stages(cfg, out, until, parallel)
+
+
+def _stages(cfg: TrainConfig, out: Path, until: str, parallel: bool) -> dict[str, Any]:
     cfg = with_curriculum(cfg)
     assert cfg.recipe is not None
     r, lay = cfg.recipe, Layout(out)
@@ -367,14 +373,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         tiny = _tiny(Path(args.sft_from) if args.sft_from else out)
         overrides = [*QUICK, f"policy.model={tiny}", *overrides]
     cfg = load_config(TrainConfig, args.config, overrides)
-    if args.sft_from:
-        try:
-            share_sft_stages(Path(args.sft_from), out, SPLITS.values(), args.until)
-        except RecipeError as e:
-            ap.error(str(e))
     try:
-        done = run(cfg, out, args.until, args.parallel)
-    except (RecipeError, CheckpointError, ResumeError) as e:  # a stage in --out that is not this run's
+        with claim(out):
+            if args.sft_from:
+                try:
+                    share_sft_stages(Path(args.sft_from), out, SPLITS.values(), args.until)
+                except RecipeError as e:
+                    ap.error(str(e))
+            done = run(cfg, out, args.until, args.parallel)
+    except (RecipeError, CheckpointError, ResumeError, RunInUse) as e:  # --out not this run's, or busy
         sys.exit(f"laptop_recipe: {e}")
     results.mkdir(parents=True, exist_ok=True)
     row = table(done, cfg, out) | {"sft_from": args.sft_from}

@@ -10,6 +10,7 @@ import typer
 from sage_rl.build import BuildError
 from sage_rl.collect_store import CollectStore, StoreError
 from sage_rl.data.export import ExportError
+from sage_rl.runs.claim import RunInUse
 from sage_rl.runs.collect import run_collect, saved_jobs
 from sage_rl.runs.console import fail, load_or_exit
 from sage_rl.settings import CollectConfig
@@ -26,8 +27,8 @@ def main(
     opened: list[CollectStore] = []  # the store, once the suite and the plan are known to be good
     try:
         summary = run_collect(cfg, opened)
-    except (BuildError, StoreError) as e:  # a missing split, too few scenarios, another config
-        raise fail(str(e), 2 if isinstance(e, StoreError) else 1) from None
+    except (BuildError, StoreError, RunInUse) as e:  # a missing split, too few scenarios, another config
+        raise fail(str(e), 1 if isinstance(e, BuildError) else 2) from None
     except ExportError as e:
         raise fail(
             f"{e} (the JSON Lines dataset is complete: rerun with sharegpt_mode=last, nothing is collected again)"

@@ -10,6 +10,7 @@ import typer
 from sage_rl.build import BuildError
 from sage_rl.eval.report import ReportError
 from sage_rl.eval.resume import ResumeError
+from sage_rl.runs.claim import RunInUse
 from sage_rl.runs.console import err, fail, load_or_exit
 from sage_rl.runs.eval import run_evaluation
 from sage_rl.settings import EvalRunConfig
@@ -29,6 +30,8 @@ def main(
         result = run_evaluation(cfg, resume=resume)
     except (BuildError, ReportError, ResumeError) as e:  # ReportError: the rest of the run folder was written
         raise fail(str(e)) from None
+    except RunInUse as e:
+        raise fail(str(e), 2) from None
     err.print(f"run folder: {cfg.out_dir}")
     if as_json:
         typer.echo(json.dumps({k: dataclasses.asdict(m) for k, m in result.metrics.items()}))

@@ -9,6 +9,7 @@ import typer
 
 from sage_rl.build import BuildError
 from sage_rl.eval.resume import ResumeError
+from sage_rl.runs.claim import RunInUse
 from sage_rl.runs.console import fail, load_or_exit
 from sage_rl.settings import TrainConfig
 from sage_rl.train.checkpoint import CheckpointError
@@ -43,7 +44,7 @@ def run_or_exit(cfg: TrainConfig, resume: bool) -> dict:
         return recipe.run(cfg, resume)
     except FileExistsError as e:
         raise fail(f"{e} (pass --resume, or out_dir=...)", 2) from None
-    except (CheckpointError, ResumeError, recipe.RecipeError) as e:
+    except (CheckpointError, ResumeError, recipe.RecipeError, RunInUse) as e:
         raise fail(str(e), 2) from None
     except BuildError as e:
         raise fail(str(e)) from None

@@ -14,6 +14,7 @@ import typer
 from sage_rl.build import BuildError
 from sage_rl.cli import recipe as recipe_cmd
 from sage_rl.memory import bound_heap
+from sage_rl.runs.claim import RunInUse
 from sage_rl.runs.console import err, fail, load_or_exit
 from sage_rl.runs.train import NoStartModel, run_train
 from sage_rl.settings import TrainConfig
@@ -54,7 +55,7 @@ def _train_or_exit(cfg: TrainConfig, resume: bool) -> dict:
         return run_train(cfg, resume)
     except FileExistsError as e:
         raise fail(f"{e} (pass --resume, or out_dir=...)", 2) from None
-    except (CheckpointError, NoStartModel) as e:
+    except (CheckpointError, NoStartModel, RunInUse) as e:
         raise fail(str(e), 2) from None
     except BuildError as e:
         raise fail(str(e)) from None

@@ -29,6 +29,7 @@ from sage_rl.eval.runner import scenarios_of
 from sage_rl.files import write_atomic
 from sage_rl.memory import bound_heap, peak_rss_bytes, release_memory, reset_peak, stage_peaks_wanted
 from sage_rl.recipe.report import write_report
+from sage_rl.runs.claim import OWNER, claim
 from sage_rl.runs.collect import run_collect
 from sage_rl.runs.console import err
 from sage_rl.runs.eval import run_evaluation
@@ -198,8 +199,13 @@ def run(cfg: TrainConfig, resume: bool) -> dict[str, Any]:
     cfg = with_curriculum(cfg)
     bound_heap()
     r, lay = cfg.recipe, Layout(Path(cfg.out_dir))
-    if lay.root.is_dir() and any(lay.root.iterdir()) and not resume:
+    if lay.root.is_dir() and any(p.name != OWNER for p in lay.root.iterdir()) and not resume:
         raise FileExistsError(f"{lay.root} holds a run already")
+    with claim(lay.root):  # one process at a time in it (runs/claim.py)
+        return _run(cfg, r, lay)
+
+
+def _run(cfg: TrainConfig, r: RecipeSettings, lay: Layout) -> dict[str, Any]:
     lay.root.mkdir(parents=True, exist_ok=True)
     (lay.root / "config.yaml").write_text(dump_config(cfg))
     # every stage's config is derived and checked before anything runs

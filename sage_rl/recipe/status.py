@@ -7,10 +7,12 @@ the evaluations' trajectories and the collection's ledger while they run), so it
 a run in progress, from another process, at any time. A line cut short by a running writer is
 skipped, never an error.
 
-Whether a started stage's process is still alive cannot be read off files (the run may have been
-stopped with its session, or be running on another machine): a started, unfinished stage reads
-"running" while its folder was written to within :data:`STOPPED_AFTER`, else "stopped", and says
-when it was last written. Every phase of a stage writes well inside that time (an evaluation at each
+Whether a started stage's process is still alive is read off the run folder's claim
+(``runs/claim.py``: the process that runs it holds a lock the kernel drops when it ends): a started,
+unfinished stage reads "running" while a process on this machine holds the run, else "stopped", and
+says when it was last written (and "stuck?" when its live process has written nothing for
+:data:`STOPPED_AFTER`). A run folder never claimed (made before claims, or on another machine's
+disk) is judged by its files alone: "running" while written to within :data:`STOPPED_AFTER`. Every phase of a stage writes well inside that time (an evaluation at each
 scenario, SFT at each step, an RL step at each group it finishes). What a stop loses: an evaluation
 resumes at its next scenario and RL at its next group, but SFT at its last resume point
 (``output.save_every_s``), so a running SFT stage also says which step that point holds and how old
@@ -28,6 +30,7 @@ from typing import Any
 import yaml
 
 from sage_rl.recipe.pipeline import RecipeError, listed_scenarios, missing_scenarios, read_summary
+from sage_rl.runs.claim import claimed_ever, describe, holder
 from sage_rl.train.sft_resume import STATE
 from sage_rl.view.read import read_jsonl
 
@@ -205,17 +208,23 @@ def _ago(seconds: float) -> str:
     return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
 
 
-def aged(stage: Stage, folder: Path, now: float) -> Stage:
-    """A started, unfinished stage as "running" or "stopped" by its folder's last write (module
-    docstring), with that write's age in its detail; other stages as they are."""
+def aged(stage: Stage, folder: Path, now: float, live: bool | None = None) -> Stage:
+    """A started, unfinished stage as "running" or "stopped" (module docstring): by ``live``,
+    whether a process holds the run (None: not known, then by its folder's last write), with that
+    write's age in its detail; other stages as they are."""
     if stage.state != "running":
         return stage
     newest = last_written(folder)
     if newest is None:
-        return stage
+        return stage if live is not False else replace(stage, state="stopped")
     age = now - newest
-    state = "running" if age < STOPPED_AFTER else "stopped"
+    if live is None:
+        state = "running" if age < STOPPED_AFTER else "stopped"
+    else:
+        state = "running" if live else "stopped"
     detail = f"{stage.detail}; last written {_ago(age)} ago"
+    if live and age >= STOPPED_AFTER:
+        detail += " (its process is alive: stuck?)"
     point = resume_point(folder / "resume", now)
     return replace(stage, state=state, detail=f"{detail}; {point}" if point else detail)
 
@@ -239,16 +248,17 @@ def stages(out: Path, now: float | None = None) -> list[Stage]:
     """Every stage of the laptop experiment in ``out``, in the order it runs them; ``now`` (epoch
     seconds, default the clock) decides which started stages read "stopped"."""
     now = time.time() if now is None else now
+    live = (holder(out) is not None) if claimed_ever(out) else None
 
     def evals(*models: str) -> list[Stage]:
         folders = {f"eval {m} {s}": out / "eval" / f"{m}_{s}" for m in models for s in SPLITS}
-        return [aged(evaluation(folder, name), folder, now) for name, folder in folders.items()]
+        return [aged(evaluation(folder, name), folder, now, live) for name, folder in folders.items()]
 
     def arm(name: str) -> list[Stage]:
-        return [aged(rl(out / name, f"rl {name}"), out / name, now), *evals(*_evaluated(name))]
+        return [aged(rl(out / name, f"rl {name}"), out / name, now, live), *evals(*_evaluated(name))]
 
     def step(kind: Any, folder: str, name: str) -> Stage:
-        return aged(kind(out / folder, name), out / folder, now)
+        return aged(kind(out / folder, name), out / folder, now, live)
 
     return [
         step(collection, "expert", "collect"),
@@ -276,7 +286,9 @@ def show(out: Path) -> list[Stage]:
     from rich.table import Table
 
     rows = stages(out)
-    table = Table(title=f"{out}: {sum(s.state == 'done' for s in rows)} of {len(rows)} stages done")
+    who = holder(out)
+    held = f"; run by {describe(who)}" if who is not None else "; no process in it" if claimed_ever(out) else ""
+    table = Table(title=f"{out}: {sum(s.state == 'done' for s in rows)} of {len(rows)} stages done{held}")
     for column in ("stage", "state", "detail"):
         table.add_column(column)
     colour = {"done": "green", "partial": "cyan", "running": "yellow", "stopped": "red", "pending": "dim"}

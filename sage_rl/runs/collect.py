@@ -17,6 +17,7 @@ from sage_rl.collect_store import CollectStore
 from sage_rl.config import dump_config
 from sage_rl.data.export import export_hf, export_sharegpt
 from sage_rl.files import write_atomic
+from sage_rl.runs.claim import claim
 from sage_rl.runs.console import err, progress
 from sage_rl.settings import CollectConfig
 
@@ -37,6 +38,11 @@ def run_collect(cfg: CollectConfig, opened: list[CollectStore] | None = None) ->
     express the dataset; the JSON Lines dataset is complete), and any environment or backend
     failure (what is committed stays committed: the same call resumes)."""
     opened = [] if opened is None else opened
+    with claim(cfg.out_dir):  # one process at a time in it (runs/claim.py)
+        return _run_collect(cfg, opened)
+
+
+def _run_collect(cfg: CollectConfig, opened: list[CollectStore]) -> dict[str, Any]:
     t0 = time.perf_counter()
     asyncio.run(_collect(cfg, opened))
     store = opened[0]

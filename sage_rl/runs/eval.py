@@ -10,6 +10,7 @@ from sage_rl.config import dump_config
 from sage_rl.eval.report import print_table, write_run
 from sage_rl.eval.resume import start
 from sage_rl.eval.runner import EvalResult, run_eval
+from sage_rl.runs.claim import claim
 from sage_rl.runs.console import progress
 from sage_rl.settings import EvalRunConfig
 
@@ -31,6 +32,11 @@ def run_evaluation(cfg: EvalRunConfig, title: str | None = None, resume: bool = 
     and write the run folder (``eval/report.py``: config, metrics, report, plots, trajectories).
     Raises ``BuildError``, ``ResumeError``, and what ``write_run`` raises (the table is printed
     before)."""
+    with claim(cfg.out_dir):  # one process at a time in it (runs/claim.py)
+        return _run_evaluation(cfg, title, resume)
+
+
+def _run_evaluation(cfg: EvalRunConfig, title: str | None, resume: bool) -> EvalResult:
     result = asyncio.run(evaluate(cfg, resume))
     title = title or f"{cfg.env} / {cfg.split} / {cfg.policy.kind}"
     print_table(result.metrics, f"{title} ({result.seconds:.0f} s)")

@@ -7,7 +7,15 @@ from sage_rl.train.sft_config import SFTConfig
 
 def run_sft(cfg: SFTConfig, show_progress: bool = True) -> dict:
     """Load the model and the data, train, save (``cfg.output.dir``); returns the result as a
-    dict. Bad data or an unloadable model raise ``ValueError``, ``RuntimeError`` or ``OSError``."""
+    dict. Bad data or an unloadable model raise ``ValueError``, ``RuntimeError`` or ``OSError``;
+    another process in its folder ``RunInUse`` (runs/claim.py)."""
+    from sage_rl.runs.claim import claim
+
+    with claim(cfg.output.dir):
+        return _run_sft(cfg, show_progress)
+
+
+def _run_sft(cfg: SFTConfig, show_progress: bool) -> dict:
     import torch
 
     from sage_rl.agent.render import ChatRenderer

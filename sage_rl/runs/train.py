@@ -18,6 +18,7 @@ from sage_rl.build import Training, build_runner, open_suite, open_training
 from sage_rl.config import dump_config
 from sage_rl.eval.report import headline_rows
 from sage_rl.files import write_atomic
+from sage_rl.runs.claim import claim
 from sage_rl.runs.console import err, progress
 from sage_rl.settings import TrainConfig
 from sage_rl.train.layout import RunFolder
@@ -46,6 +47,11 @@ def run_train(cfg: TrainConfig, resume: bool) -> dict:
     ``FileExistsError`` (a used folder without ``resume``), ``SettingsChanged`` (``resume`` with other
     settings than the folder's run), ``CheckpointError``, ``BuildError``."""
     check_start(cfg)
+    with claim(cfg.out_dir):  # one process at a time in it (runs/claim.py)
+        return _run_train(cfg, resume)
+
+
+def _run_train(cfg: TrainConfig, resume: bool) -> dict:
     folder = RunFolder.of(cfg.out_dir)
     if resume:  # the folder's run, under its own settings (train/same_run.py), before anything loads
         check_same_run(folder.config, cfg)
