@@ -7,6 +7,7 @@ One run function per command, each taking its typed config and returning its res
     runs/collect.py   run_collect(CollectConfig) -> summary            sage-rl collect
     runs/sft.py       run_sft(SFTConfig) -> result                     sage-rl sft
     runs/console.py   the commands' stderr console, progress bars, config loading, one-line errors
+    runs/claim.py     one process at a time in a run folder (each run function holds its own)
 
 The commands in ``cli/`` parse their arguments, load the config, call one of these and map errors
 to exit codes; the recipe (``recipe/``) and verl's entry point call them too, never ``cli``.
