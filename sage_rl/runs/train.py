@@ -47,14 +47,14 @@ def run_train(cfg: TrainConfig, resume: bool) -> dict:
     ``FileExistsError`` (a used folder without ``resume``), ``SettingsChanged`` (``resume`` with other
     settings than the folder's run), ``CheckpointError``, ``BuildError``."""
     check_start(cfg)
+    if resume:  # the folder's run, under its own settings (train/same_run.py), before anything is written
+        check_same_run(RunFolder.of(cfg.out_dir).config, cfg)
     with claim(cfg.out_dir):  # one process at a time in it (runs/claim.py)
         return _run_train(cfg, resume)
 
 
 def _run_train(cfg: TrainConfig, resume: bool) -> dict:
     folder = RunFolder.of(cfg.out_dir)
-    if resume:  # the folder's run, under its own settings (train/same_run.py), before anything loads
-        check_same_run(folder.config, cfg)
     t0 = time.perf_counter()
     training = open_training(cfg, resume)
     if training.model_source != cfg.policy.model:
