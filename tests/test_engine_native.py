@@ -5,9 +5,7 @@ path wherever it cannot be built or is turned off."""
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
 import subprocess
 import sys
 import time
@@ -224,15 +222,17 @@ with open(folder.parent / (folder.name + ".flock"), "a") as handle:
 """
 
 
-def test_torchs_own_builder_loads_past_a_stale_lock(kernel, tmp_path):
-    # the built kernel's folder copied, with the lock file a killed build leaves: torch's real builder,
-    # in a fresh process, loads it (it waited for ever before the kernel's own lock)
-    name = native.build_name()
-    shutil.copytree(native.cache_root() / name, tmp_path / name)
-    (tmp_path / name / "lock").touch()
-    env = {**os.environ, "SAGE_RL_NATIVE_CACHE": str(tmp_path)}
-    code = "from sage_rl.engine import native; assert native.decode_kernel() is not None"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+def test_torchs_own_builder_loads_past_a_stale_lock(kernel):
+    # the lock file a killed build leaves, in the built kernel's own folder: torch's real builder, in a
+    # fresh process, loads the kernel (it waited for ever before the kernel's own lock). The file is
+    # removed whatever happens, so that a failure here cannot hang other tests' loads.
+    stale = native.cache_root() / native.build_name() / "lock"
+    stale.touch()
+    try:
+        code = "from sage_rl.engine import native; assert native.decode_kernel() is not None"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    finally:
+        stale.unlink(missing_ok=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "stopped mid-way" in done.stderr
 
