@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import laptop_recipe  # noqa: E402  (benchmarks/ is not a package)
 
 from sage_rl.config import load_config  # noqa: E402
+from sage_rl.recipe.controls import RL_START  # noqa: E402
+from sage_rl.recipe.results import table  # noqa: E402
 from sage_rl.settings import TrainConfig  # noqa: E402
 
 #: Share of the RL time spent sampling at the evaluation's rate: the rest pays for training, the
@@ -55,7 +57,7 @@ QUICK = [
 
 
 def rl_budget(
-    sft_done: dict[str, Any], left_s: float, cfg: TrainConfig, arms: int = len(laptop_recipe.RL_START)
+    sft_done: dict[str, Any], left_s: float, cfg: TrainConfig, arms: int = len(RL_START)
 ) -> tuple[int | None, str]:
     """Sampled tokens per RL run that should let both runs and their evaluations end within
     ``left_s`` (None when not even one step of each fits), and the rule's arithmetic as text.
@@ -139,14 +141,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     budget, rule = cfg.sampled_token_budget, "given in the config"
     if budget is None:
         left = args.deadline_s - (time.perf_counter() - t0)
-        budget, rule = rl_budget(first, left, cfg, arms=1 if headline else len(laptop_recipe.RL_START))
+        budget, rule = rl_budget(first, left, cfg, arms=1 if headline else len(RL_START))
         cfg = cfg.model_copy(update={"sampled_token_budget": budget})
     print(f"[gpu_recipe] sampled_token_budget: {rule}", file=sys.stderr)
     done = first
     if budget is not None:  # else the report has base and the SFT models only, as with --until sft
         done = laptop_recipe.run(cfg, out, until=args.until)
         done["times"] |= first["times"]  # the stages this call read back took their time in the first
-    row = laptop_recipe.table(done, cfg, out) | {
+    row = table(done, cfg, out) | {
         "deadline_s": args.deadline_s,
         "wall_s": round(time.perf_counter() - t0, 1),
         "budget_rule": rule,

@@ -5,6 +5,7 @@ its wait on the stopped parent to the cell."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def _run(stop_s: float) -> tuple[bool, bool, str, str]:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return eval(done.stdout.strip().splitlines()[-1])  # a repr of strs and bools, written above
+    return ast.literal_eval(done.stdout.strip().splitlines()[-1])  # a repr of strs and bools
 
 
 def test_a_stopped_parent_does_not_time_out_the_cell_in_flight():

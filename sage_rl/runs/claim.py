@@ -25,6 +25,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no claims
+    fcntl = None  # type: ignore[assignment]
+
 OWNER = ".owner"
 _held: dict[Path, int] = {}  # folder -> claims this process holds on it
 
@@ -36,9 +41,7 @@ class RunInUse(RuntimeError):
 @contextlib.contextmanager
 def claim(folder: Path | str) -> Iterator[None]:
     """Hold ``folder`` for this process while the block runs (made if missing)."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no claim
+    if fcntl is None:
         yield
         return
     folder = Path(folder).resolve()
@@ -52,7 +55,7 @@ def claim(folder: Path | str) -> Iterator[None]:
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder / OWNER, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        if not _lock(fd, fcntl):
+        if not _lock(fd):
             raise RunInUse(
                 f"{folder} is in use by another process ({describe(_read(folder / OWNER))}): wait for it to "
                 "end, or stop it, before running in this folder again"
@@ -74,7 +77,7 @@ def claim(folder: Path | str) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _lock(fd: int, fcntl: Any) -> bool:
+def _lock(fd: int) -> bool:
     """Take the claim; three tries 50 ms apart, since :func:`holder` holds a shared lock for an instant."""
     for attempt in range(3):
         try:
@@ -89,9 +92,7 @@ def _lock(fd: int, fcntl: Any) -> bool:
 def holder(folder: Path | str) -> dict[str, Any] | None:
     """The record of the live process holding ``folder`` (``{}`` when it is held but its record
     cannot be read); None when no process on this machine holds it, or it was never claimed."""
-    try:
-        import fcntl
-    except ImportError:
+    if fcntl is None:
         return None
     path = Path(folder) / OWNER
     try:

@@ -8,8 +8,8 @@ paused, some tasks were failed by the pause, not by the model.
 
 :func:`watch` records when this process was last continued (a ``SIGCONT`` handler, from the main
 thread, where Python runs signal handlers; it runs before the event loop looks at its timers).
-:func:`wait_running` awaits a future within a time limit that starts again when the process was
-continued meanwhile; the parent's replies to the worker carry :func:`last_continued`, so that the
+:func:`wait_running` (which starts the watch) awaits a future within a time limit that starts
+again when the process was continued meanwhile; the parent's replies to the worker carry :func:`last_continued`, so that the
 worker's own clock does not count its wait on a stopped parent either (``worker.py``).
 Clocks are ``time.monotonic``: the same clock in the parent and in its workers (one machine, no
 time namespace).
@@ -67,6 +67,7 @@ async def wait_running(
     caller may move). A future that was done by the time the deadline was handled (an event loop
     blocked meanwhile reads both in one pass) gives its result. On giving up, the future is cancelled
     and ``TimeoutError`` raised."""
+    watch()
     while True:
         started = time.monotonic()
         try:

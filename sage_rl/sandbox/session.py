@@ -145,7 +145,6 @@ class Session:
             "cpu": lim.cpu_seconds,
         }
         self._calls = self._api_ok = 0
-        pauses.watch()
 
         def round_started(deadline: asyncio.Timeout) -> None:
             # The worker's clock stops while it waits for an answer (up to as much again as the
