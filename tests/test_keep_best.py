@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -20,6 +21,7 @@ from test_train_loop import _runner
 
 from sage_rl.config import ConfigError, load_config
 from sage_rl.envs.pocketworld import tasks
+from sage_rl.eval.metrics import EvalMetrics
 from sage_rl.policies.transformers_policy import TransformersPolicy
 from sage_rl.recipe.pipeline import final_model
 from sage_rl.rollout.batch import RolloutConfig
@@ -49,15 +51,20 @@ def _metrics(tgc: float, sgc: float) -> SimpleNamespace:
                            no_code_turn_rate=0.0)  # fmt: skip
 
 
-def _run(tiny, run: Path, monkeypatch, scores: dict[int, tuple[float, float]], steps: int):
+def _run(tiny, run: Path, monkeypatch, scores: dict[int, tuple[float, float]], steps: int, resume=False):
     """The real loop for ``steps`` steps, evaluating after every one, with ``scores[step]`` as
-    each evaluation's (TGC, SGC). Returns the result and the start model's weights."""
+    each evaluation's (TGC, SGC) (a step missing from ``scores`` must not be evaluated). Returns
+    the result and the start model's weights."""
     from sage_rl.train import loop
     from sage_rl.train.checkpoint import open_run
 
     async def scripted(runner, protocol, step, progress, label=""):
         assert runner.params.temperature == 0.0 and protocol.split == "train_val"
-        return SimpleNamespace(headline=_metrics(*scores[step]), record=lambda: {"step": step})
+        m = _metrics(*scores[step])
+        required = [f.name for f in dataclasses.fields(EvalMetrics) if f.default is f.default_factory]  # MISSING
+        full = EvalMetrics(**{name: getattr(m, name, 0) for name in required})
+        full = dataclasses.replace(full, tgc_by_position={1: m.tgc}, tgc_ci=(m.tgc - 1, m.tgc + 1))
+        return SimpleNamespace(headline=m, record=lambda: {"metrics": dataclasses.asdict(full)})
 
     monkeypatch.setattr(loop, "run_eval", scripted)
     trainer = Trainer(copy.deepcopy(tiny[0]), tiny[1], TrainerConfig(lr=1e-2), temperature=1.0)
@@ -70,7 +77,7 @@ def _run(tiny, run: Path, monkeypatch, scores: dict[int, tuple[float, float]], s
         keep_last=None,
         out_dir=str(run),
     )
-    logger, first = open_run(trainer, run, resume=False, tensorboard=False)
+    logger, first = open_run(trainer, run, resume=resume, tensorboard=False)
     try:
         result = asyncio.run(
             loop.train(_runner(policy, 1.0), trainer, logger, cfg, 0, first, sync=policy.weights_changed)
@@ -117,6 +124,48 @@ def test_a_run_that_never_beats_its_start_ends_with_the_start_weights(tiny, tmp_
     kept = _weights(read_best(tmp_path / "run")[1])
     assert _same(kept, {k: v for k, v in start.items() if k in kept})
     assert not _same(kept, _weights(tmp_path / "run" / "checkpoints" / "step_000002" / "model"))
+
+
+def test_a_run_killed_in_its_first_step_resumes_without_redoing_the_start_evaluation(tiny, tmp_path, monkeypatch):
+    """The start model's evaluation is logged (step 0) before the first checkpoint (step 1): a
+    run killed between them resumes at step 0 from the trainer as built, reading that evaluation
+    back (not redone: scores has no step 0 the second time), and a half-written row is cut."""
+    from sage_rl.train.logging import read_metrics
+
+    run = tmp_path / "run"
+
+    def killed(self, *a, **k):
+        raise KeyboardInterrupt("killed during step 1")
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "step", killed)
+        with pytest.raises(KeyboardInterrupt):
+            _run(tiny, run, monkeypatch, {0: (40.0, 20.0)}, steps=2)
+    assert [r["step"] for r in read_metrics(run)] == [0] and not (run / "checkpoints").exists()
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 1, "loss"')  # the kill cut a row
+    result, _ = _run(tiny, run, monkeypatch, {1: (30.0, 10.0), 2: (45.0, 0.0)}, steps=2, resume=True)
+    assert result.before.tgc == 40.0 and result.before.tgc_by_position == {1: 40.0}
+    assert result.before.tgc_ci == (39.0, 41.0) and result.steps_done == 2
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 2 is judged by the after-run evaluation
+    assert rows[0]["eval/tgc"] == 40.0 and rows[1]["eval/best_step"] == 0.0
+    assert result.best == Best(2, 45.0, 0.0)
+
+
+def test_rows_past_the_start_evaluation_without_a_checkpoint_still_refuse_to_resume(tiny, tmp_path):
+    from sage_rl.train.checkpoint import open_run
+
+    trainer = Trainer(copy.deepcopy(tiny[0]), tiny[1], TrainerConfig(lr=1e-2), temperature=1.0)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 0, "eval/tgc": 1}\n{"step": 1, "loss": 0.5}\n')
+    with pytest.raises(CheckpointError, match="no checkpoint to resume"):
+        open_run(trainer, run, resume=True, tensorboard=False)
+    (run / "metrics.jsonl").write_text('{"step": 0, "eval/tgc": 1}\nnot json\n')
+    with pytest.raises(CheckpointError, match="no checkpoint to resume"):
+        open_run(trainer, run, resume=True, tensorboard=False)
+    assert (run / "metrics.jsonl").read_text().endswith("not json\n")  # nothing cut
 
 
 def test_a_redone_step_replaces_its_own_record_and_a_damaged_record_is_named(tiny, tmp_path):

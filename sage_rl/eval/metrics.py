@@ -7,8 +7,9 @@ tables; rates are in [0, 1].
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sage_rl.eval.ci import bootstrap_ci
 from sage_rl.types import Chain, Trajectory
@@ -39,6 +40,19 @@ class EvalMetrics:
     #: 95% percentile-bootstrap intervals (eval/ci.py): TGC over tasks, SGC over scenarios
     tgc_ci: tuple[float, float] = (0.0, 0.0)
     sgc_ci: tuple[float, float] = (0.0, 0.0)
+
+    @classmethod
+    def from_record(cls, d: Mapping[str, Any]) -> EvalMetrics:
+        """Back from ``dataclasses.asdict`` through JSON (an eval record's ``metrics``): the
+        per-position and per-difficulty keys return to ints, the intervals to tuples.
+        ``TypeError`` / ``ValueError`` / ``AttributeError`` on a record that does not hold these fields."""
+        fields = dict(d)
+        for k in ("tgc_by_position", "usage_rate_by_position", "tgc_by_difficulty"):
+            fields[k] = {int(key): value for key, value in fields.get(k, {}).items()}
+        for k in ("tgc_ci", "sgc_ci"):
+            low, high = fields.get(k, (0.0, 0.0))
+            fields[k] = (low, high)
+        return cls(**fields)
 
 
 def _pct(num: float, den: float) -> float:

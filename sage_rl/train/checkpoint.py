@@ -18,6 +18,9 @@ Loading never runs code from the files: JSON, safetensors and ``torch.load(weigh
 only (a crafted pickle in ``rng.pt`` is refused, not executed). Resuming never starts over
 silently and never cuts the metrics file unless a valid checkpoint was loaded: a run folder with
 metrics but no usable checkpoint, and every corrupt file, is a ``CheckpointError`` naming the file.
+One exception: a run killed during its first step has only the start model's evaluation (step 0)
+in its metrics and needs no checkpoint, since the trainer as built is its state; it resumes at
+step 0 without redoing that evaluation (a half-written last row is cut).
 
     logger, start = open_run(trainer, run_dir, resume=True)   # start = steps already done
     for step in range(start + 1, total + 1):
@@ -152,7 +155,12 @@ def open_run(
     else:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None and has_rows:
-            raise CheckpointError(_no_checkpoint(Path(run_dir)))
+            # killed during the first step: its rows are the start model's evaluation only, and
+            # the trainer as built is the step-0 state; the loop reads that evaluation back
+            offset = _before_training(metrics)
+            if offset is None:
+                raise CheckpointError(_no_checkpoint(Path(run_dir)))
+            purge = 1
         if ckpt is not None:
             size = metrics.stat().st_size if metrics.is_file() else 0
             st = load_checkpoint(trainer, ckpt)
@@ -172,6 +180,23 @@ def open_run(
         run_name=Path(run_dir).name,
     )
     return logger, start
+
+
+def _before_training(metrics: Path) -> int | None:
+    """Bytes of ``metrics`` that hold only step-0 rows (the evaluation before training), up to
+    its last complete row; None when a row of a later step, or one that is not JSON, is there."""
+    offset = 0
+    for line in metrics.read_bytes().splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break  # a row cut by the kill: not written
+        try:
+            row = json.loads(line) if line.strip() else {"step": 0}
+        except ValueError:
+            return None
+        if not isinstance(row, dict) or row.get("step") != 0:
+            return None
+        offset += len(line)
+    return offset
 
 
 def _no_checkpoint(run_dir: Path) -> str:

@@ -34,7 +34,7 @@ from sage_rl.rollout.journal import StepJournal, drop_others, journal_path, weig
 from sage_rl.rollout.pool import PoolKind, ScreenedPool
 from sage_rl.text import dumps
 from sage_rl.train.best import Best, KeepBest
-from sage_rl.train.checkpoint import save_checkpoint
+from sage_rl.train.checkpoint import CheckpointError, save_checkpoint
 from sage_rl.train.config import LoopConfig, TrainEvalConfig
 from sage_rl.train.layout import RunFolder
 from sage_rl.train.logging import MetricsLogger, batch_metrics, read_metrics
@@ -76,7 +76,9 @@ async def train(
     out = RunFolder.of(cfg.out_dir)
     keep = KeepBest(out.root, cfg.eval.split) if cfg.eval.keep == "best" else None
     before = None
-    if cfg.eval.before_after and start == 0:
+    if cfg.eval.before_after and start == 0 and logger.offset() > 0:
+        before = _read_eval(out, 0)  # resumed during step 1: the start model was evaluated
+    elif cfg.eval.before_after and start == 0:
         before = await _evaluate(runner, cfg.eval, 0, progress, out)
         logger.log(0, _eval_row(before) | (keep.judge(trainer, 0, before) if keep else {}))
     job = progress.add_task("RL steps", total=cfg.steps, completed=start) if progress else None
@@ -153,6 +155,14 @@ async def _evaluate(
     out.evals.mkdir(parents=True, exist_ok=True)
     write_atomic(out.eval_file(step), json.dumps(result.record()))
     return result.headline
+
+
+def _read_eval(out: RunFolder, step: int) -> EvalMetrics:
+    path = out.eval_file(step)
+    try:
+        return EvalMetrics.from_record(json.loads(path.read_text(encoding="utf-8"))["metrics"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{path}, the evaluation of step {step}, cannot be read back: {e!r}") from None
 
 
 def _eval_row(m: EvalMetrics) -> dict[str, float]:
