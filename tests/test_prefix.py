@@ -83,6 +83,70 @@ def test_shared_prefix_with_a_kl_reference(tiny):
         assert torch.allclose(g_shared[name], g, atol=1e-5 * float(g.abs().max()) + 1e-9), name
 
 
+def _positions(model) -> list[int]:
+    """A counter of the token positions ``model`` runs (its embedding's input)."""
+    seen = [0]
+    model.get_input_embeddings().register_forward_hook(
+        lambda m, args, out: seen.__setitem__(0, seen[0] + args[0].numel())
+    )
+    return seen
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_the_kl_reference_shares_the_prefix_as_the_policy_does(tiny, kl_coef):
+    """The reference runs the step's shared prefix once, as the policy does: the same positions
+    as the policy's forward, and the same kl_ref (and loss) as without sharing, against a
+    reference that differs from the trained model."""
+    model, tok = tiny
+    opts = {"micro_batch_size": 2, "kl_coef": kl_coef, "log_kl_ref": True, "shared_prefix_min_tokens": 1}
+    results = {}
+    for shared in (False, True):
+        trainer = Trainer(copy.deepcopy(model), tok, TrainerConfig(lr=1e-3, shared_prefix=shared, **opts))
+        with torch.no_grad():
+            for p in trainer.ref_model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        policy, ref = _positions(trainer.model), _positions(trainer.ref_model)
+        stats = trainer.accumulate_gradients(shared_batch(), num_chains=3).as_metrics()
+        results[shared] = (stats, policy[0], ref[0])
+    (plain, plain_policy, plain_ref), (shared, shared_policy, shared_ref) = results[False], results[True]
+    assert plain["kl_ref"] > 1e-3 and shared["kl_ref"] == pytest.approx(plain["kl_ref"], rel=1e-5)
+    assert shared["loss"] == pytest.approx(plain["loss"], abs=1e-6)
+    # 3 micro-batches: the 40-token system prompt once for both (it was run 3 times by the reference)
+    assert shared_ref == shared_policy < plain_ref == plain_policy
+
+
+def test_a_lora_reference_shares_the_prefix_too(tiny):
+    """LoRA: the reference is the base model (adapters off), through the same embedding; with
+    the adapters moved, sharing keeps kl_ref, and the reference runs the positions the policy
+    does (twice those of the same step without the KL)."""
+    from sage_rl.train.config import LoraConfig
+
+    model, tok = tiny
+    results = {}
+    for shared, kl in ((False, True), (True, True), (True, False)):
+        opts = {
+            "micro_batch_size": 2,
+            "log_kl_ref": kl,
+            "shared_prefix_min_tokens": 1,
+            "shared_prefix": shared,
+        }
+        trainer = Trainer(
+            copy.deepcopy(model), tok, TrainerConfig(lr=1e-3, lora=LoraConfig(r=4, alpha=8), **opts)
+        )
+        with torch.no_grad():
+            for name, p in trainer.model.named_parameters():
+                if "lora_B" in name:
+                    p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        seen = _positions(trainer.model)
+        results[shared, kl] = (
+            trainer.accumulate_gradients(shared_batch(), num_chains=3).as_metrics(),
+            seen[0],
+        )
+    (plain, plain_seen), (shared, shared_seen) = results[False, True], results[True, True]
+    assert plain["kl_ref"] > 1e-4 and shared["kl_ref"] == pytest.approx(plain["kl_ref"], rel=1e-5)
+    assert shared_seen == 2 * results[True, False][1] < plain_seen
+
+
 def test_prefix_lengths_by_hand():
     assert common_prefix_len([[1, 2, 3, 4], [1, 2, 3], [1, 2, 9, 9]]) == 2
     assert common_prefix_len([[1, 2], [3]]) == 0

@@ -18,6 +18,9 @@ Two levels, as the trainer uses them:
 - a micro-batch's longer common prefix (the group's task prompt): computed once per micro-batch on
   top of the first, with the graph kept as usual.
 
+The KL reference model (its k3 term in the loss, or only logged) runs the same two levels
+(``RefPrefix``), so it costs what the policy's forward does, not a full prefix per micro-batch.
+
 The split is only used when it reproduces the model's own output on a probe (``supported``),
 like the chunked head: models whose attention is not a plain causal cache (sliding windows, ...)
 fall back to the per-sample forward.
@@ -102,6 +105,15 @@ class StepPrefix:
         ]
         if pairs:
             torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+
+
+@dataclass(frozen=True)
+class RefPrefix:
+    """The KL reference model's keys/values over the same shared prefix: computed once per step
+    too, without grad (the reference does not train)."""
+
+    ids: tuple[int, ...]
+    kv: KV
 
 
 #: the support probes' first tokens every row shares (``probe_batch``)

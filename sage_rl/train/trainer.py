@@ -40,7 +40,7 @@ from sage_rl.train.logprobs import ChunkedHead, token_logprobs
 from sage_rl.train.lora import with_lora
 from sage_rl.train.loss import LossOutput, clipped_surrogate, tis_weights
 from sage_rl.train.optim import build_optimizer, optimizer_step, updates_made, warmup_lr
-from sage_rl.train.prefix import KV, StepPrefix, as_cache, prefix_kv, shareable_len, supported
+from sage_rl.train.prefix import KV, RefPrefix, StepPrefix, as_cache, prefix_kv, shareable_len, supported
 from sage_rl.types import Sample
 
 __all__ = ["LoraConfig", "MicroStep", "StepStats", "Trainer", "TrainerConfig"]
@@ -229,10 +229,11 @@ class Trainer:
             prepared, self.cfg.micro_batch_size, self.share_prefix, self.cfg.micro_batch_tokens
         )
         root = self._step_prefix(prepared) if len(groups) > 1 else None
+        ref_root = self._ref_prefix(root.ids) if root is not None and self.measures_kl_ref else None
         for group in groups:
             n = self._prefix_len(group)
             batch = collate(group, self.pad_id, self.device, n)
-            stats.add(self._micro_step(batch, num_chains, total_tokens, root), batch)
+            stats.add(self._micro_step(batch, num_chains, total_tokens, root, ref_root), batch)
         if root is not None:
             root.backward()
             stats.forward_tokens += len(root.ids)
@@ -252,29 +253,42 @@ class Trainer:
             return None
         return self._autocast(lambda: StepPrefix.compute(self.model, prepared[0].ids[:n], self.device))
 
-    def _past(self, b: TokenBatch, root: StepPrefix | None) -> KV | None:
-        """The micro-batch's prefix keys/values, with grad: the step's prefix (as leaves) continued
-        by the rest of the micro-batch's own prefix."""
+    @torch.no_grad()
+    def _ref_prefix(self, ids: tuple[int, ...]) -> RefPrefix:
+        """The reference model's keys/values over the step's shared prefix: like the policy's
+        (``StepPrefix``), run once a step, not again in each micro-batch."""
+        with self._reference() as model:
+            return RefPrefix(ids, self._autocast(lambda: prefix_kv(model, ids, self.device)))
+
+    def _past(self, model: Any, b: TokenBatch, root: StepPrefix | RefPrefix | None) -> KV | None:
+        """The micro-batch's prefix keys/values through ``model``: the step's prefix (the policy's
+        as leaves, with grad; the reference's without) continued by the rest of the micro-batch's
+        own prefix."""
         if not b.prefix_ids:
             return None
         start, past = 0, None
         if root is not None and b.prefix_ids[: len(root.ids)] == root.ids:
-            start, past = len(root.ids), root.leaves
+            start, past = len(root.ids), root.leaves if isinstance(root, StepPrefix) else root.kv
         if start == len(b.prefix_ids):
             return past
-        return self._autocast(lambda: prefix_kv(self.model, b.prefix_ids[start:], self.device, past))
+        return self._autocast(lambda: prefix_kv(model, b.prefix_ids[start:], self.device, past))
 
     def _micro_step(
-        self, b: TokenBatch, num_chains: int, total_tokens: int, root: StepPrefix | None = None
+        self,
+        b: TokenBatch,
+        num_chains: int,
+        total_tokens: int,
+        root: StepPrefix | None = None,
+        ref_root: RefPrefix | None = None,
     ) -> MicroStep:
-        past = self._past(b, root)
+        past = self._past(self.model, b, root)
         if self.cfg.old_logprobs == "recompute":
             with torch.no_grad():
                 old_logp_BT, _ = self._logprobs(self.model, b, with_entropy=False, past=past)
         logp_BT, entropy_BT = self._logprobs(self.model, b, with_entropy=True, past=past)
         if self.cfg.old_logprobs == "same_pass":
             old_logp_BT = logp_BT.detach()
-        ref_logp_BT = self._ref_logprobs(b) if self.measures_kl_ref else None
+        ref_logp_BT = self._ref_logprobs(b, ref_root) if self.measures_kl_ref else None
         cap = self.cfg.tis_cap
         tis_BT = tis_weights(old_logp_BT, b.sampler_logp_BT, cap) if cap is not None else None
         out = clipped_surrogate(
@@ -340,14 +354,15 @@ class Trainer:
         return token_logprobs(logits_BTV, b.target_BT, with_entropy, self.temperature)
 
     @torch.no_grad()
-    def _ref_logprobs(self, b: TokenBatch) -> torch.Tensor:
-        def run(model: Any) -> torch.Tensor:
-            past = (
-                self._autocast(lambda: prefix_kv(model, b.prefix_ids, self.device)) if b.prefix_ids else None
-            )
-            return self._logprobs(model, b, with_entropy=False, past=past)[0]
+    def _ref_logprobs(self, b: TokenBatch, root: RefPrefix | None = None) -> torch.Tensor:
+        with self._reference() as model:
+            return self._logprobs(model, b, with_entropy=False, past=self._past(model, b, root))[0]
 
+    @contextlib.contextmanager
+    def _reference(self) -> Iterator[Any]:
+        """The KL reference: the initial weights (LoRA: the base model, its adapters off)."""
         if self.ref_model is not None:
-            return run(self.ref_model)
-        with self.model.disable_adapter():  # LoRA: the base model is the reference
-            return run(self.model)
+            yield self.ref_model
+            return
+        with self.model.disable_adapter():
+            yield self.model
