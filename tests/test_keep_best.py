@@ -61,7 +61,10 @@ def _run(tiny, run: Path, monkeypatch, scores: dict[int, tuple[float, float]], s
     async def scripted(runner, protocol, step, progress, label=""):
         assert runner.params.temperature == 0.0 and protocol.split == "train_val"
         m = _metrics(*scores[step])
-        required = [f.name for f in dataclasses.fields(EvalMetrics) if f.default is f.default_factory]  # MISSING
+        no_default = dataclasses.MISSING
+        required = [
+            f.name for f in dataclasses.fields(EvalMetrics) if f.default is no_default and f.default_factory is no_default
+        ]
         full = EvalMetrics(**{name: getattr(m, name, 0) for name in required})
         full = dataclasses.replace(full, tgc_by_position={1: m.tgc}, tgc_ci=(m.tgc - 1, m.tgc + 1))
         return SimpleNamespace(headline=m, record=lambda: {"metrics": dataclasses.asdict(full)})

@@ -9,8 +9,9 @@ paused, some tasks were failed by the pause, not by the model.
 :func:`watch` records when this process was last continued (a ``SIGCONT`` handler, from the main
 thread, where Python runs signal handlers; it runs before the event loop looks at its timers).
 :func:`wait_running` (which starts the watch) awaits a future within a time limit that starts
-again when the process was continued meanwhile; the parent's replies to the worker carry :func:`last_continued`, so that the
-worker's own clock does not count its wait on a stopped parent either (``worker.py``).
+again when the process was continued meanwhile; the parent's replies to the worker carry
+:func:`last_continued`, so that the worker's own clock does not count its wait on a stopped
+parent either (``worker.py``).
 Clocks are ``time.monotonic``: the same clock in the parent and in its workers (one machine, no
 time namespace).
 """

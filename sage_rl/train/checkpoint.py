@@ -189,12 +189,13 @@ def _before_training(metrics: Path) -> int | None:
     for line in metrics.read_bytes().splitlines(keepends=True):
         if not line.endswith(b"\n"):
             break  # a row cut by the kill: not written
-        try:
-            row = json.loads(line) if line.strip() else {"step": 0}
-        except ValueError:
-            return None
-        if not isinstance(row, dict) or row.get("step") != 0:
-            return None
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                return None
+            if not isinstance(row, dict) or row.get("step") != 0:
+                return None
         offset += len(line)
     return offset
 

@@ -89,6 +89,11 @@ class StepPrefix:
     kv: KV  # graph-connected to the parameters
     leaves: KV  # detached copies that collect the micro-batches' gradients
 
+    @property
+    def past(self) -> KV:
+        """What each micro-batch continues from: the leaves."""
+        return self.leaves
+
     @classmethod
     def compute(cls, model: Any, ids: Sequence[int], device: torch.device) -> StepPrefix:
         kv = prefix_kv(model, ids, device)
@@ -113,7 +118,7 @@ class RefPrefix:
     too, without grad (the reference does not train)."""
 
     ids: tuple[int, ...]
-    kv: KV
+    past: KV  # what each micro-batch's reference forward continues from
 
 
 #: the support probes' first tokens every row shares (``probe_batch``)

@@ -268,7 +268,7 @@ class Trainer:
             return None
         start, past = 0, None
         if root is not None and b.prefix_ids[: len(root.ids)] == root.ids:
-            start, past = len(root.ids), root.leaves if isinstance(root, StepPrefix) else root.kv
+            start, past = len(root.ids), root.past
         if start == len(b.prefix_ids):
             return past
         return self._autocast(lambda: prefix_kv(model, b.prefix_ids[start:], self.device, past))
