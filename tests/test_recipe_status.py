@@ -192,3 +192,21 @@ def test_a_started_stage_nothing_wrote_to_for_an_hour_reads_stopped(tmp_path):
     _written_at(out / "eval" / "sft_train_heldout" / "trajectories.jsonl", T + 3 * 3600)
     resumed = read(T + 3 * 3600 + 30)["eval sft train_heldout"]
     assert resumed == ("running", "101 scenarios finished; last written 0 min ago")
+
+
+def test_the_table_and_its_title_read_the_holder_once(tmp_path, monkeypatch, capsys):
+    """A run whose process ends while ``--status`` reads it is shown one way: the title and the
+    stages' states come from one read of the claim (two reads gave "running" rows under a title
+    saying no process is in the run)."""
+    import sage_rl.recipe.status as status
+    from sage_rl.runs.claim import OWNER
+
+    out = tmp_path / "run"
+    _lines(out / "eval" / "sft_train_heldout" / "trajectories.same_scenario.jsonl", [{}] * 3)
+    (out / OWNER).write_text("{}")  # claimed once
+    reads = iter([{"pid": 7}, None, None])  # alive at the first read, gone at any later one
+    monkeypatch.setattr(status, "holder", lambda folder: next(reads))
+    rows = show(out)
+    printed = " ".join(capsys.readouterr().out.split())  # the title wraps
+    assert {s.name: s.state for s in rows}["eval sft train_heldout"] == "running"
+    assert "stages done; run by pid 7" in printed and "no process" not in printed

@@ -247,9 +247,15 @@ def resume_point(folder: Path, now: float) -> str | None:
 def stages(out: Path, now: float | None = None) -> list[Stage]:
     """Every stage of the laptop experiment in ``out``, in the order it runs them; ``now`` (epoch
     seconds, default the clock) decides which started stages read "stopped"."""
-    now = time.time() if now is None else now
-    live = (holder(out) is not None) if claimed_ever(out) else None
+    return _stages(out, time.time() if now is None else now, _live(out, holder(out)))
 
+
+def _live(out: Path, who: dict[str, Any] | None) -> bool | None:
+    """Whether a process holds ``out`` (None when no process ever claimed it, so nothing is known)."""
+    return (who is not None) if claimed_ever(out) else None
+
+
+def _stages(out: Path, now: float, live: bool | None) -> list[Stage]:
     def evals(*models: str) -> list[Stage]:
         folders = {f"eval {m} {s}": out / "eval" / f"{m}_{s}" for m in models for s in SPLITS}
         return [aged(evaluation(folder, name), folder, now, live) for name, folder in folders.items()]
@@ -285,9 +291,10 @@ def show(out: Path) -> list[Stage]:
     from rich.markup import escape
     from rich.table import Table
 
-    rows = stages(out)
-    who = holder(out)
-    held = f"; run by {describe(who)}" if who is not None else "; no process in it" if claimed_ever(out) else ""
+    who = holder(out)  # read once: the table's states and its title say the same of the run
+    live = _live(out, who)
+    rows = _stages(out, time.time(), live)
+    held = f"; run by {describe(who)}" if who is not None else "; no process in it" if live is False else ""
     table = Table(title=f"{out}: {sum(s.state == 'done' for s in rows)} of {len(rows)} stages done{held}")
     for column in ("stage", "state", "detail"):
         table.add_column(column)
