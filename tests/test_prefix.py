@@ -115,6 +115,30 @@ def test_the_kl_reference_shares_the_prefix_as_the_policy_does(tiny, kl_coef):
     assert shared_ref == shared_policy < plain_ref == plain_policy
 
 
+def test_the_kl_reference_projects_only_the_generated_tokens(tiny):
+    """The reference (a full copy) gets its logprobs through a chunked LM head, as the policy does:
+    its head projects the generated tokens only, not every position of the trained window (the
+    observations between turns included) into (B, T, V) logits; kl_ref and loss are the plain path's."""
+    model, tok = tiny
+    results = {}
+    for chunked in (False, True):
+        opts = {"micro_batch_size": 2, "kl_coef": 0.1, "log_kl_ref": True, "chunked_head": chunked}
+        opts |= {"shared_prefix": False}  # no prefix runs (each projects its last position)
+        trainer = Trainer(copy.deepcopy(model), tok, TrainerConfig(lr=1e-3, **opts))
+        with torch.no_grad():
+            for p in trainer.ref_model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        rows = [0]
+        trainer.ref_model.get_output_embeddings().register_forward_hook(
+            lambda m, args, out: rows.__setitem__(0, rows[0] + args[0].shape[:-1].numel())
+        )
+        results[chunked] = (trainer.accumulate_gradients(shared_batch(), num_chains=3).as_metrics(), rows[0])
+    (plain, plain_rows), (chunked, chunked_rows) = results[False], results[True]
+    assert chunked["kl_ref"] > 1e-3 and chunked["kl_ref"] == pytest.approx(plain["kl_ref"], rel=1e-5)
+    assert chunked["loss"] == pytest.approx(plain["loss"], abs=1e-6)
+    assert chunked_rows == chunked["gen_tokens"] == 25 < plain_rows  # shared_batch's 25 generated tokens
+
+
 def test_a_lora_reference_shares_the_prefix_too(tiny):
     """LoRA: the reference is the base model (adapters off), through the same embedding; with
     the adapters moved, sharing keeps kl_ref, and the reference runs the positions the policy

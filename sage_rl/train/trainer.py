@@ -159,6 +159,13 @@ class Trainer:
         if self.measures_kl_ref and cfg.lora is None:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.head = ChunkedHead.of(self.model, self.device) if cfg.chunked_head else None
+        # the reference's logprobs through its own chunked head too: its plain path made (B, T, V)
+        # logits over the whole trained window, observations included (LoRA: ``head`` serves both)
+        self.ref_head = (
+            ChunkedHead.of(self.ref_model, self.device)
+            if cfg.chunked_head and self.ref_model is not None
+            else None
+        )
         self.share_prefix = cfg.shared_prefix and supported(self.model, self.device)
         self.causal = cfg.causal_attention and causal.supported(self.model, self.device)
         self.optimizer = build_optimizer(self.model, cfg.lr, cfg.betas, cfg.weight_decay)
@@ -281,6 +288,8 @@ class Trainer:
         root: StepPrefix | None = None,
         ref_root: RefPrefix | None = None,
     ) -> MicroStep:
+        # the reference first: its forward's buffers come and go before the policy's activations are kept
+        ref_logp_BT = self._ref_logprobs(b, ref_root) if self.measures_kl_ref else None
         past = self._past(self.model, b, root)
         if self.cfg.old_logprobs == "recompute":
             with torch.no_grad():
@@ -288,7 +297,6 @@ class Trainer:
         logp_BT, entropy_BT = self._logprobs(self.model, b, with_entropy=True, past=past)
         if self.cfg.old_logprobs == "same_pass":
             old_logp_BT = logp_BT.detach()
-        ref_logp_BT = self._ref_logprobs(b, ref_root) if self.measures_kl_ref else None
         cap = self.cfg.tis_cap
         tis_BT = tis_weights(old_logp_BT, b.sampler_logp_BT, cap) if cap is not None else None
         out = clipped_surrogate(
@@ -340,8 +348,9 @@ class Trainer:
             extra["sage_causal"] = causal.causal_mask(T, len(b.prefix_ids) + T, dtype, self.device)
             attention = causal.attention_as(model, causal.NAME)
         with self._forward_mode(model), attention:
-            if self.head is not None and model is self.model:
-                return self.head.logprobs(b, with_entropy, past, self.temperature, **extra)
+            head = self.head if model is self.model else self.ref_head if model is self.ref_model else None
+            if head is not None:
+                return head.logprobs(b, with_entropy, past, self.temperature, **extra)
             # Logits only from the first trained position on: prompt logits are never used.
             logits_BTV = model(
                 input_ids=b.ids_BT,
