@@ -130,7 +130,7 @@ def test_the_kl_reference_projects_only_the_generated_tokens(tiny):
                 p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
         rows = [0]
         trainer.ref_model.get_output_embeddings().register_forward_hook(
-            lambda m, args, out: rows.__setitem__(0, rows[0] + args[0].shape[:-1].numel())
+            lambda m, args, out, rows=rows: rows.__setitem__(0, rows[0] + args[0].shape[:-1].numel())
         )
         results[chunked] = (trainer.accumulate_gradients(shared_batch(), num_chains=3).as_metrics(), rows[0])
     (plain, plain_rows), (chunked, chunked_rows) = results[False], results[True]
