@@ -137,11 +137,11 @@ def test_a_skill_that_only_calls_the_tasks_own_api_code_earns_nothing_under_api(
     assert c.trajectories[1].skills_used == () and r == (1.0, 1.0)
 
 
-def test_a_skill_handed_an_api_is_credited():
-    """``fetch_all(api, ...)`` in the reference solutions: the skill's own code calls the API it was
-    given."""
+def test_a_skill_handed_an_api_earns_nothing_for_calling_it():
+    """``call(apis.supervisor.show_profile)``: the task chose the API, the skill only called it (a
+    trampoline, paid (2.0, 2.0) until session 40). A skill must name the API it is paid for."""
     c, r = chain("print(call(apis.supervisor.show_profile)['email'])" + COMPLETE)
-    assert c.trajectories[1].skills_used == ("call",) and r == (2.0, 2.0)
+    assert c.trajectories[1].skills_used == () and r == (1.0, 1.0)
 
 
 def test_a_skill_called_through_a_task_helper_is_credited():

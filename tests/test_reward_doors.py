@@ -242,21 +242,23 @@ def _trio(second_skill: str):
 
 def test_a_skill_resaved_with_a_new_docstring_was_not_made_by_the_resaving_task():
     """Task 2 pastes task 1's skill with another docstring (and a comment, a ``pass``, another
-    annotation); task 3 uses it. Task 2 was paid for making it: (2, 2, 2)."""
+    annotation); task 3 uses it. Task 2 was taken for its maker: task 3's use was ``(0, 1)``."""
     paste = SKILL.replace('"""Return how many', '"""Count how many').replace(
         "-> int:", "-> float:  # counted"
     )
     paste += "\n    pass"
     assert paste != SKILL and code_hash(make_skill(paste)) == code_hash(make_skill(SKILL))
     r, used_from = _trio(paste)
-    assert used_from == ((), (), (0,)) and r == (2.0, 1.0, 2.0)
+    # task 3's use pays task 1 alone; task 2 is paid as a user of task 1's ``login_to`` (its
+    # token read the rows the answer came from), not as a maker
+    assert used_from == ((), (0,), (0,)) and r == (2.0, 2.0, 2.0)
 
 
 def test_a_skill_rewritten_for_real_was_made_by_the_rewriting_task():
     rewrite = SKILL.replace('"""\n', '"""\n    genre = genre.strip()\n', 1)
     assert code_hash(make_skill(rewrite)) != code_hash(make_skill(SKILL))
     r, used_from = _trio(rewrite)
-    assert used_from == ((), (), (0, 1)) and r == (2.0, 2.0, 2.0)
+    assert used_from == ((), (0,), (0, 1)) and r == (2.0, 3.0, 2.0)  # task 2: a user and a maker
 
 
 def test_who_made_a_skill():

@@ -330,26 +330,19 @@ def test_a_value_passed_to_a_skill_that_changes_the_world_counts():
     assert f.effects == {S: {1}, T: {1}}
 
 
-@pytest.mark.parametrize(
-    ("first", "second"),
-    [
-        # a submit wrapper that also reads the profile: the answer is the task's own, the read changes nothing
-        (
-            "def finish(answer):\n    me = apis.supervisor.show_profile()['email']\n"
-            "    return apis.supervisor.complete_task(answer=answer)\nfinish({answer})",
-            "finish({answer})",
-        ),
-        # a skill handed an API, its value only printed
-        (None, "print(call(apis.supervisor.show_profile)['email'])"),
-    ],
-)
-def test_what_api_pays_for_and_flow_does_not(first, second):
-    from test_reward_credit import COMPLETE, DEFINE, chain
+def test_what_api_pays_for_and_flow_does_not():
+    """A submit wrapper that also reads the profile: the answer is the task's own, the read changes
+    nothing."""
+    from test_reward_credit import chain
 
-    second = second if first else second + COMPLETE
-    c, r = chain(second, "api", first=first or DEFINE)
+    first = (
+        "def finish(answer):\n    me = apis.supervisor.show_profile()['email']\n"
+        "    return apis.supervisor.complete_task(answer=answer)\nfinish({answer})"
+    )
+    second = "finish({answer})"
+    c, r = chain(second, "api", first=first)
     assert c.trajectories[1].skills_used != () and r == (2.0, 2.0)
-    c, r = chain(second, "flow", first=first or DEFINE)
+    c, r = chain(second, "flow", first=first)
     assert c.trajectories[1].skills_used == () and r == (1.0, 1.0)
 
 

@@ -6,7 +6,9 @@ paid like a real use. Under ``flow`` a skill's calls must also have an **effect*
 
 - a successful API call that **changed the world** (the environment compares its state before and
   after the call: ``Session``'s ``fingerprint``) was made by the skill's own code while it ran: the
-  effect belongs to every library skill open at that moment;
+  effect belongs to every library skill open at that moment, when one of them names the API
+  (``tracking.record_api_call``: skills handed an API, by value or by name, make its calls for the
+  task, and what they return is then among their calls' inputs);
 - a value the skill **returned** reached a **sink**: the arguments of an API call that changed the
   world, or the answer passed to ``supervisor.complete_task``. Values are matched as *atoms*: the
   strings of 3 characters or more, the integers of 1000 or more (ids, counts and ratings below that
@@ -324,10 +326,18 @@ class FlowTracker:
         value: Any,
         changed: int | None,
         works: bool,
+        handed: Sequence[set[Atom]] = (),
     ) -> None:
-        """A successful API call, made while ``open_skills`` (outermost first) ran its code;
-        ``changed``: 0 when it changed nothing, n when it was the episode's n-th change of the
-        world, None when the environment cannot tell; ``works`` is ``tracking.does_work(app, api)``."""
+        """A successful API call made by the code of ``open_skills`` (outermost first; none: the
+        task's call); ``changed``: 0 when it changed nothing, n when it was the episode's n-th
+        change of the world, None when the environment cannot tell; ``works`` is
+        ``tracking.does_work(app, api)``; ``handed``: the ``inputs`` of the open skill calls that
+        made it for the task (none of them names the API: ``tracking.record_api_call``), to which
+        its result is added, as if they had been given it."""
+        if handed:
+            got = _result_atoms(value)
+            for given in handed:
+                given |= got
         answer = (app, api) == COMPLETE
         args = atoms(dict(kwargs)) | (atoms(kwargs.get("answer"), whole=True) if answer else set())
         wrote = changed > 0 if changed is not None else works

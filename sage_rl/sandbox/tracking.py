@@ -27,6 +27,16 @@ Semantics, stated once:
   apis...)``, ``call_it(task_function)``) counts for no skill. A call that raised never counts.
   Generator and async functions are not on the stack (their bodies run interleaved with other
   code): they never count ``with_api``;
+- **the library must name the API it is paid for**: an API call made by a library skill's code
+  counts (``with_api``, and for ``flow``) only when the code of a library skill call open at that
+  moment (its nested code included) names the API: ``apis.x.send``, ``getattr(app, 'send')``, the
+  name among the code's names or string constants (a tuple of names is not searched). A skill
+  handed the call (``def call(f, **kw): return f(**kw)`` given ``apis.x.send``; a name it was
+  given, ``getattr(apis.x, name)``; an API the task stored where the skill looks) makes it on the
+  task's behalf: the call is the task's, and what it returned is not the open skills' to provide
+  (``flow.FlowTracker.api_call``'s ``handed``). The expert's ``fetch_all(api, **params)`` is paid
+  as a helper of a skill that names its API and, called by the task with an API, for what it adds
+  (the length of the pages joined), not for the rows the task asked for;
 - ``effects`` (library skills only): ``flow.FlowTracker`` follows what each plain library skill
   call was given and returned, and each successful API call with the parent's word on whether it
   changed the world; a row is written for a skill with effects this cell even if it was not called
@@ -90,8 +100,10 @@ class _Instrument(ast.NodeTransformer):
 
 
 class _OpenCalls(threading.local):
-    """Per thread: one ``[count, origin, key]`` entry per running call of a tracked plain function,
-    innermost last; ``count`` is the successful API calls made inside that call so far."""
+    """Per thread: one ``[count, origin, key, inputs, code]`` entry per running call of a tracked
+    plain function, innermost last; ``count`` is the successful API calls made inside that call so
+    far, ``inputs`` what ``flow.inputs`` gave for a library skill's call (None for others), ``code``
+    the function's code (what it names)."""
 
     def __init__(self) -> None:
         self.stack: list[list[Any]] = []
@@ -206,10 +218,26 @@ def record_api_call(
     """A successful API call made by agent code of origin ``maker`` while ``stack``'s calls ran
     (``CallTracker.api_done``; the in-process tracer keeps the same stack)."""
     works = does_work(app, api)
-    if works and stack and stack[-1][1] == maker:
+    open_skills = [e for e in stack if _is_skill(e[1])]
+    named = _is_skill(maker) and any(api in _code_names(e[4]) for e in open_skills)
+    if works and stack and stack[-1][1] == maker and (named or not _is_skill(maker)):
         stack[-1][0] += 1
-    skills = [e[2] for e in stack if _is_skill(e[1])] if _is_skill(maker) else []
-    flow.api_call(skills, app, api, kwargs, value, changed, works)
+    skills = [e[2] for e in open_skills] if named else []
+    handed = () if named else [e[3] for e in open_skills if e[3] is not None]
+    flow.api_call(skills, app, api, kwargs, value, changed, works, handed)
+
+
+@functools.lru_cache(maxsize=4096)
+def _code_names(code: types.CodeType) -> frozenset[str]:
+    """The names ``code`` and the code nested in it use (attributes, globals) and their string
+    constants: what a function's own text names (a tuple of strings is not searched)."""
+    out = set(code.co_names)
+    for c in code.co_consts:
+        if type(c) is str:
+            out.add(c)
+        elif type(c) is types.CodeType:
+            out |= _code_names(c)
+    return frozenset(out)
 
 
 def innermost_skill(stack: list[list[Any]]) -> tuple[str, str] | None:
@@ -222,14 +250,14 @@ def close_call(stack: list[list[Any]]) -> int:
     when it has the caller's origin or is a library skill's (module docstring)."""
     if not stack:
         return 0
-    made, origin, _ = stack.pop()
+    made, origin = stack.pop()[:2]
     if made and stack and (origin == stack[-1][1] or _is_skill(origin)):
         stack[-1][0] += made
     return made
 
 
 def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., Any]) -> Callable[..., Any]:
-    origin = key[1]
+    origin, code = key[1], fn.__code__
     skill = _is_skill(origin)
 
     def tracked(*args: Any, **kwargs: Any) -> Any:
@@ -240,8 +268,8 @@ def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., An
             n = counts[key] = [0, 0, 0]
         n[0] += 1
         stack = tracker.open.stack
-        stack.append([0, origin, key])
         inputs = tracker.flow.inputs(key, args, kwargs) if skill else None
+        stack.append([0, origin, key, inputs, code])
         try:
             value = fn(*args, **kwargs)
         except BaseException:

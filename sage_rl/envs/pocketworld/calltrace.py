@@ -31,7 +31,7 @@ class CallTracer:
     def __init__(self, flow: FlowTracker | None = None) -> None:
         self._counts: dict[tuple[str, str], list[int]] = {}
         self._previous: Any = None
-        # [successful API calls, origin, (name, origin)] per running agent call, innermost last
+        # [successful API calls, origin, (name, origin), inputs, code] per running agent call (tracking.py)
         self._open: list[list[Any]] = []
         self.flow = flow if flow is not None else FlowTracker()
 
@@ -67,12 +67,12 @@ class CallTracer:
         record[0] += 1
         raised = False
         stack = self._open
-        stack.append([0, code.co_filename, key])
         flow = self.flow
         # a library skill's arguments, before its body rebinds them; not a generator's (its
         # "return" events are its yields)
         skill = key[1].startswith(SKILL_ORIGIN_PREFIX) and not code.co_flags & _SUSPENDS
         inputs = flow.inputs(key, *_arguments(frame)) if skill else None
+        stack.append([0, code.co_filename, key, inputs, code])
 
         def local(frame: FrameType, event: str, arg: Any) -> Any:
             nonlocal raised
