@@ -277,3 +277,55 @@ def test_who_made_a_skill():
     assert m.of(["a"]) == (2,) and m.of(["b"]) == (0,)
     m.saved(a, 3)  # task 0's code back
     assert m.of(["a"]) == (0,)
+
+
+#: the template's skill with its locals spelled otherwise (and a docstring of its own)
+RENAMED = '''def count_liked_songs_by_genre(g: str) -> int:
+    """Count my liked songs of a genre."""
+    t = login_to("music")
+    return sum(x["genre"] == g for x in fetch_all(apis.music.show_liked_songs, access_token=t))'''
+
+
+@pytest.mark.parametrize(
+    ("other", "same"),
+    [
+        (RENAMED, True),
+        # the roles of two locals swapped: other code
+        (
+            SKILL.replace("== genre for", "== token for").replace("access_token=token", "access_token=genre"),
+            False,
+        ),
+        # a global (another skill) named instead of a local: other code
+        (SKILL.replace('login_to("music")', 'log_in("music")'), False),
+        (
+            "def count_liked_songs_by_genre(genre):\n    import json as j\n    try:\n        pass\n"
+            "    except ValueError as e:\n        raise e\n    return j",
+            False,
+        ),
+    ],
+)
+def test_a_local_renamed_is_the_same_code(other, same):
+    """A re-save that renames the skill's locals made nothing (K >= 3: it took the maker's bonus)."""
+    assert (code_hash(make_skill(other)) == code_hash(make_skill(SKILL))) is same
+    m = Makers([])
+    m.saved(make_skill(SKILL), 0)
+    m.saved(make_skill(other), 1)
+    assert m.of(["count_liked_songs_by_genre"]) == ((0,) if same else (1,))
+
+
+def test_locals_of_every_kind_are_spelled_by_their_order():
+    a = (
+        "def f(p, *rest, k=1, **kw):\n    import json as j\n    from os import path as q\n"
+        "    def inner(z):\n        return z + p\n    try:\n        v = [w for w in rest]\n"
+        "    except ValueError as err:\n        raise err\n    match kw:\n"
+        "        case {'a': av, **others}:\n            return av, others\n        case [first, *more]:\n"
+        "            return first, more\n    return j, q, inner(k), v, len, (lambda y: y)\n"
+    )
+    names = "p rest k kw j q inner z v w err av others first more y".split()
+    b = a
+    for i, n in enumerate(names):  # whole words only: the names do not occur inside one another here
+        b = __import__("re").sub(rf"\b{n}\b", f"n{i}", b)
+    assert b != a and code_hash(make_skill(a)) == code_hash(make_skill(b))
+    # a global (``len``) is not a local: naming another global is other code
+    other = a.replace("inner(k), v, len", "inner(k), v, max")
+    assert code_hash(make_skill(a)) != code_hash(make_skill(other))

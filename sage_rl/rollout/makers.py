@@ -10,8 +10,10 @@ was stored as a new version and moved the credit to the re-saving task: in a K =
 pasted task 1's skill with another docstring, task 3 used it, and task 2 was paid for making it
 (``tests/test_reward_doors.py``). Code that the chain's start library held was made by no task.
 
-Changes that keep what the code does but not its syntax (a local variable renamed, an unused
-statement added) still count as new code: the hash compares syntax, not behaviour.
+The skill's own local names (its parameters and what its body binds) are compared by their order
+of appearance, not their spelling: a re-save that renames a local (``genre`` to ``g``) made nothing
+either (until session 40 it did). Other changes that keep what the code does but not its syntax (an
+unused statement added, ``x + 0``) still count as new code: the hash compares syntax, not behaviour.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import ast
 from collections.abc import Iterable
 
 from sage_rl.skills.record import FunctionNode, Skill, content_hash, function_node
+from sage_rl.skills.static import local_names
 
 
 class _Inert(ast.NodeTransformer):
@@ -42,10 +45,57 @@ class _Inert(ast.NodeTransformer):
     visit_AsyncFunctionDef = visit_FunctionDef
 
 
+_NAMED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler, ast.MatchAs, ast.MatchStar)
+
+
+class _Canonical(ast.NodeTransformer):
+    """``_Inert``, with the locals of the function and of the code nested in it spelled by their
+    order of appearance (``_v0``, ``_v1``, ...) wherever the name occurs."""
+
+    def visit(self, node: ast.AST) -> ast.AST:
+        local: set[str] = set()  # the locals of every scope in it: a merged spelling only hashes equal more
+        for n in ast.walk(node):
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef):
+                local |= local_names(n)
+            elif isinstance(n, ast.Lambda):
+                local |= {a.arg for a in ast.walk(n.args) if isinstance(a, ast.arg)}
+            elif isinstance(n, ast.MatchMapping) and n.rest:
+                local.add(n.rest)
+        order: dict[str, str] = {}
+
+        def spell(name: str | None) -> str | None:
+            if name not in local:
+                return name
+            return order.setdefault(name, f"_v{len(order)}")
+
+        for n in _in_order(node):
+            if isinstance(n, ast.Name):
+                n.id = spell(n.id)
+            elif isinstance(n, ast.arg):
+                n.arg = spell(n.arg)
+            elif isinstance(n, ast.alias):  # only hashed, never run: a consistent spelling is enough
+                n.asname = spell(n.asname)
+            elif isinstance(n, _NAMED) and n is not node:
+                n.name = spell(n.name)
+            elif isinstance(n, ast.MatchMapping):
+                n.rest = spell(n.rest)
+        return _Inert().visit(node)
+
+
+def _in_order(node: ast.AST) -> list[ast.AST]:
+    """The nodes under ``node`` (itself included) in the order of their fields: the source's order."""
+    out, todo = [], [node]
+    while todo:
+        n = todo.pop()
+        out.append(n)
+        todo.extend(reversed(list(ast.iter_child_nodes(n))))
+    return out
+
+
 def code_hash(skill: Skill) -> str:
     """``content_hash`` of what ``skill``'s code does: versions that differ only in what never runs
-    (module docstring) hash equal."""
-    return content_hash(function_node(skill.source, skill.name), strip=_Inert())
+    or in the spelling of their locals (module docstring) hash equal."""
+    return content_hash(function_node(skill.source, skill.name), strip=_Canonical())
 
 
 class Makers:
