@@ -321,7 +321,16 @@ def test_locals_of_every_kind_are_spelled_by_their_order():
         "        case {'a': av, **others}:\n            return av, others\n        case [first, *more]:\n"
         "            return first, more\n    return j, q, inner(k), v, len, (lambda y: y)\n"
     )
-    names = "p rest k kw j q inner z v w err av others first more y".split()
+    names = ["p", "rest", "k", "kw", "j", "q", "inner", "z"] + [
+        "v",
+        "w",
+        "err",
+        "av",
+        "others",
+        "first",
+        "more",
+        "y",
+    ]
     b = a
     for i, n in enumerate(names):  # whole words only: the names do not occur inside one another here
         b = __import__("re").sub(rf"\b{n}\b", f"n{i}", b)
