@@ -24,6 +24,17 @@ HANDED = (
     "def login_as(app):\n    return getattr(apis, app).login()['token']\n"
     "def fetch(api, **kw):\n    return api(**kw)\n"
     "def find2(name):\n    return [i for i in fetch(apis.shop.search, token=token()) if i['name'] == name][0]['id']\n"
+    "def rows(t):\n    for row in apis.shop.search(token=t):\n        yield row\n"
+    "def find_g(name):\n    return next(i for i in rows(token()) if i['name'] == name)['id']\n"
+    "def act(kind, item_id):\n    if kind not in ['buy', 'sell']:\n        raise ValueError(kind)\n"
+    "    return getattr(apis.shop, kind)(item_id=item_id)\n"
+)
+
+#: the task's object, handed to ``buy`` (which names ``buy``), runs the task's code inside it: its
+#: ``__eq__`` routes the task's own write through ``call`` (review of session 40, t2_dunder.py)
+EQ = (
+    "class N:\n    def __eq__(self, other):\n        call(apis.shop.buy, item_id=4712)\n        return False\n"
+    "try:\n    buy(N())\nexcept IndexError:\n    pass"
 )
 
 #: cell -> the skills with effects, worked by hand
@@ -33,6 +44,7 @@ CASES = {
     "by_name('shop', 'buy', item_id=4711)": set(),
     "F = apis.shop.buy\nvia_global(item_id=4711)": set(),
     "g = make()\ncall(g, item_id=4711)": set(),
+    EQ: set(),  # ``buy`` names the API, but the task's __eq__ is between it and the call
     # a handed read is the task's read: its rows are the token's provider's, not call's
     "rows = call(apis.shop.search, token=token())\napis.shop.buy(item_id=rows[0]['id'])": {"token"},
     "apis.supervisor.complete_task(answer=call(apis.shop.search, token=token())[1]['id'])": {"token"},
@@ -41,6 +53,9 @@ CASES = {
     "apis.shop.buy(item_id=apis.shop.search(token=login_as('shop'))[0]['id'])": {"login_as"},
     # a helper handed the API by a skill that names it serves that skill: both paid
     "apis.shop.buy(item_id=find2('lamp'))": {"find2", "fetch", "token"},
+    # a generator that names the API, run by a skill; names in a list constant
+    "apis.shop.buy(item_id=find_g('lamp'))": {"find_g", "token"},
+    "act('buy', 4711)": {"act"},
 }
 
 

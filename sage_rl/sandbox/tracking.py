@@ -28,9 +28,11 @@ Semantics, stated once:
   Generator and async functions are not on the stack (their bodies run interleaved with other
   code): they never count ``with_api``;
 - **the library must name the API it is paid for**: an API call made by a library skill's code
-  counts (``with_api``, and for ``flow``) only when the code of a library skill call open at that
-  moment (its nested code included) names the API: ``apis.x.send``, ``getattr(app, 'send')``, the
-  name among the code's names or string constants (a tuple of names is not searched). A skill
+  counts (``with_api``, and for ``flow``) only when the code of a library skill running between
+  the call and the nearest cell frame out from it (its nested code included; a generator's body
+  too) names the API: ``apis.x.send``, ``getattr(app, 'send')``, the name among the code's names
+  or string constants (``_made_by``; a cell's callback or a method of the task's class that a skill
+  ran ends the walk, so a skill that names the API further out does not make this call). A skill
   handed the call (``def call(f, **kw): return f(**kw)`` given ``apis.x.send``; a name it was
   given, ``getattr(apis.x, name)``; an API the task stored where the skill looks) makes it on the
   task's behalf: the call is the task's, and what it returned is not the open skills' to provide
@@ -100,10 +102,9 @@ class _Instrument(ast.NodeTransformer):
 
 
 class _OpenCalls(threading.local):
-    """Per thread: one ``[count, origin, key, inputs, code]`` entry per running call of a tracked
-    plain function, innermost last; ``count`` is the successful API calls made inside that call so
-    far, ``inputs`` what ``flow.inputs`` gave for a library skill's call (None for others), ``code``
-    the function's code (what it names)."""
+    """Per thread: one ``[count, origin, key, inputs]`` entry per running call of a tracked plain
+    function, innermost last; ``count`` is the successful API calls made inside that call so far,
+    ``inputs`` what ``flow.inputs`` gave for a library skill's call (None for others)."""
 
     def __init__(self) -> None:
         self.stack: list[list[Any]] = []
@@ -133,9 +134,7 @@ class CallTracker:
         call's origin (module docstring), and
         follow the values (``flow.FlowTracker.api_call``). The library skills open count as the
         call's makers only when a skill's code made it (not the task's code, passed in as a callback)."""
-        record_api_call(
-            self.open.stack, self.flow, agent_origin(sys._getframe(1)), app, api, kwargs, value, changed
-        )
+        record_api_call(self.open.stack, self.flow, sys._getframe(1), app, api, kwargs, value, changed)
 
     def compile(self, code: str, origin: str) -> types.CodeType:
         """Compile agent code as ``origin`` with call tracking. Raises SyntaxError/ValueError as
@@ -191,16 +190,6 @@ def _counter(tracker: CallTracker, key: tuple[str, str]) -> list[int]:
     return n
 
 
-def agent_origin(frame: types.FrameType | None) -> str | None:
-    """The filename of the nearest frame of agent code (a cell or a skill) from ``frame`` outwards."""
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if name.startswith(AGENT_PREFIXES):
-            return name
-        frame = frame.f_back
-    return None
-
-
 def _is_skill(origin: str | None) -> bool:
     return origin is not None and origin.startswith(SKILL_ORIGIN_PREFIX)
 
@@ -208,18 +197,18 @@ def _is_skill(origin: str | None) -> bool:
 def record_api_call(
     stack: list[list[Any]],
     flow: FlowTracker,
-    maker: str | None,
+    frame: types.FrameType | None,
     app: str,
     api: str,
     kwargs: dict[str, Any],
     value: Any,
     changed: int | None,
 ) -> None:
-    """A successful API call made by agent code of origin ``maker`` while ``stack``'s calls ran
+    """A successful API call made from ``frame`` outwards while ``stack``'s calls ran
     (``CallTracker.api_done``; the in-process tracer keeps the same stack)."""
+    maker, named = _made_by(frame, api)
     works = does_work(app, api)
     open_skills = [e for e in stack if _is_skill(e[1])]
-    named = _is_skill(maker) and any(api in _code_names(e[4]) for e in open_skills)
     if works and stack and stack[-1][1] == maker and (named or not _is_skill(maker)):
         stack[-1][0] += 1
     skills = [e[2] for e in open_skills] if named else []
@@ -227,14 +216,36 @@ def record_api_call(
     flow.api_call(skills, app, api, kwargs, value, changed, works, handed)
 
 
+def _made_by(frame: types.FrameType | None, api: str) -> tuple[str | None, bool]:
+    """(the origin of the nearest agent frame from ``frame`` outwards, whether library code names
+    ``api`` on the way out from it: the skill frames met before the first frame of a cell, whatever
+    runs between them). A cell's code (a task's callback, a method a skill's comparison ran) ends
+    the walk: a skill that names the API outside it did not make this call."""
+    maker, named = None, False
+    while frame is not None:
+        origin = frame.f_code.co_filename
+        if origin.startswith(AGENT_PREFIXES):
+            maker = maker or origin
+            if not _is_skill(origin):
+                break
+            named = named or api in _code_names(frame.f_code)
+        frame = frame.f_back
+    return maker, named and _is_skill(maker)
+
+
 @functools.lru_cache(maxsize=4096)
 def _code_names(code: types.CodeType) -> frozenset[str]:
     """The names ``code`` and the code nested in it use (attributes, globals) and their string
-    constants: what a function's own text names (a tuple of strings is not searched)."""
+    constants, in tuples and frozensets too (``kind in ('buy', 'sell')`` is compiled so): what its
+    text names. Names in dead code count (a stated limit)."""
     out = set(code.co_names)
-    for c in code.co_consts:
+    todo = list(code.co_consts)
+    while todo:
+        c = todo.pop()
         if type(c) is str:
             out.add(c)
+        elif type(c) is tuple or type(c) is frozenset:
+            todo.extend(c)
         elif type(c) is types.CodeType:
             out |= _code_names(c)
     return frozenset(out)
@@ -257,7 +268,7 @@ def close_call(stack: list[list[Any]]) -> int:
 
 
 def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., Any]) -> Callable[..., Any]:
-    origin, code = key[1], fn.__code__
+    origin = key[1]
     skill = _is_skill(origin)
 
     def tracked(*args: Any, **kwargs: Any) -> Any:
@@ -269,7 +280,7 @@ def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., An
         n[0] += 1
         stack = tracker.open.stack
         inputs = tracker.flow.inputs(key, args, kwargs) if skill else None
-        stack.append([0, origin, key, inputs, code])
+        stack.append([0, origin, key, inputs])
         try:
             value = fn(*args, **kwargs)
         except BaseException:

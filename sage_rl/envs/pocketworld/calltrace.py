@@ -18,7 +18,7 @@ from types import FrameType
 from typing import Any
 
 from sage_rl.sandbox.flow import FlowTracker
-from sage_rl.sandbox.tracking import agent_origin, close_call, innermost_skill, record_api_call
+from sage_rl.sandbox.tracking import close_call, innermost_skill, record_api_call
 from sage_rl.types import SKILL_ORIGIN_PREFIX, CallRecord
 
 AGENT_ORIGINS = ("<cell-", SKILL_ORIGIN_PREFIX)
@@ -31,7 +31,7 @@ class CallTracer:
     def __init__(self, flow: FlowTracker | None = None) -> None:
         self._counts: dict[tuple[str, str], list[int]] = {}
         self._previous: Any = None
-        # [successful API calls, origin, (name, origin), inputs, code] per running agent call (tracking.py)
+        # [successful API calls, origin, (name, origin), inputs] per running agent call (tracking.py)
         self._open: list[list[Any]] = []
         self.flow = flow if flow is not None else FlowTracker()
 
@@ -53,9 +53,7 @@ class CallTracer:
     def api_done(self, app: str, api: str, kwargs: dict, value: Any, changed: int | None) -> None:
         """One API call succeeded: credit the innermost running agent call if the call does work and
         the agent code that made it has its origin; follow the values (``CallTracker.api_done``)."""
-        record_api_call(
-            self._open, self.flow, agent_origin(sys._getframe(1)), app, api, kwargs, value, changed
-        )
+        record_api_call(self._open, self.flow, sys._getframe(1), app, api, kwargs, value, changed)
 
     def _on_call(self, frame: FrameType, event: str, arg: Any) -> Any:
         code = frame.f_code
@@ -72,7 +70,7 @@ class CallTracer:
         # "return" events are its yields)
         skill = key[1].startswith(SKILL_ORIGIN_PREFIX) and not code.co_flags & _SUSPENDS
         inputs = flow.inputs(key, *_arguments(frame)) if skill else None
-        stack.append([0, code.co_filename, key, inputs, code])
+        stack.append([0, code.co_filename, key, inputs])
 
         def local(frame: FrameType, event: str, arg: Any) -> Any:
             nonlocal raised
