@@ -115,3 +115,16 @@ def test_a_trampoline_made_in_task_1_is_not_paid_for_task_2s_writes():
     c, r = chain(second, "flow", first=first, pair=pair)
     assert "call" in c.trajectories[0].skills_saved
     assert c.trajectories[1].skills_used == () and r == (1.0, 1.0)
+
+
+def test_a_skill_that_returns_the_tasks_variable_is_not_saved_nor_paid():
+    """``def run(): apis.supervisor.show_profile(); return V``: task 2 set ``V`` to its own answer
+    and submitted ``run()``: (2.0, 2.0) (``/tmp/s40/attacks/globals_channel.py``)."""
+    from test_reward_credit import chain
+
+    first = (
+        "V = 0\ndef run():\n    apis.supervisor.show_profile()\n    return V\nprint(run())\n"
+        "apis.supervisor.complete_task(answer={answer})"
+    )
+    c, r = chain("V = {answer}\napis.supervisor.complete_task(answer=run())", "flow", first=first)
+    assert c.trajectories[0].skills_saved == () and r == (1.0, 1.0)

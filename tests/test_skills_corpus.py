@@ -7,6 +7,7 @@ are in tests/test_reward_credit.py and tests/test_skills_usage_credit.py)."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 
 import pytest
@@ -14,10 +15,12 @@ from skill_corpus import CASES, FakeApis, make_library
 from skill_exec import run_cells
 
 from sage_rl.skills import (
+    Library,
     SavePolicy,
     SkillCredit,
     Tier,
     extract_skills,
+    make_skill,
     used_skills,
     used_skills_from_calls,
     used_skills_static,
@@ -166,3 +169,30 @@ def test_extraction_origins_and_missing_dependencies():
     assert [(s.name, s.depends_on, s.tier) for s in saved] == [("main", ("helper",), Tier.DEFINED)]
     with pytest.raises(ValueError, match="1 cells but 2 origins"):
         extract_skills([(code, ok)], origins=["a", "b"])
+
+
+#: cell -> the skills it saves (policy ``defined``: every def that ran), worked by hand
+SELF_CONTAINED = {
+    # a task's variable read by the skill: a later task could put any value there and have it paid
+    "V = 1\ndef run():\n    return V": set(),
+    "V = 1\ndef run():\n    def inner(V):\n        return V\n    return inner(2) + V": set(),  # scopes apart
+    "V = 1\ndef run():\n    return [V for _ in range(2)]": set(),  # a comprehension's own scope
+    # it would write every later task's namespace (here: replace a library skill)
+    "def run():\n    global lib_skill\n    lib_skill = None\n    return 1": set(),
+    # what a skill may read: builtins, apis, ApiError, its imports, the trajectory's and the library's
+    # functions, its own locals in every scope
+    "import json\ndef f(x):\n    try:\n        return json.dumps(x) + str(len(x))\n    except ApiError:\n"
+    "        return apis.supervisor.show_profile()\ndef g(y):\n    n = 2\n    def h():\n"
+    "        nonlocal n\n        n += 1\n        return n\n    return f([y, lib_skill(y), h()])": {"f", "g"},
+}
+
+
+@pytest.mark.parametrize("code", list(SELF_CONTAINED))
+def test_a_skill_reads_no_variable_of_the_task(code):
+    from sage_rl.types import ExecResult
+
+    lib = Library([make_skill("def lib_skill(x):\n    return x")])
+    defined = tuple(n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef))
+    ran = ExecResult("", ok=True, calls=(), defined=defined)
+    saved = extract_skills([(code, ran)], policy=SavePolicy.DEFINED, library=lib)
+    assert {s.name for s in saved} == SELF_CONTAINED[code]

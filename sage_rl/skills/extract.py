@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from sage_rl.skills.library import Library
 from sage_rl.skills.record import (
+    RESERVED_NAMES,
     FunctionNode,
     Provenance,
     Skill,
@@ -36,7 +37,7 @@ from sage_rl.skills.record import (
     dependencies,
     make_skill,
 )
-from sage_rl.skills.static import CallSimulator, parse_cell
+from sage_rl.skills.static import CallSimulator, bound_names, global_reads, parse_cell
 from sage_rl.text import source_lines
 from sage_rl.types import ExecResult
 
@@ -95,6 +96,8 @@ def extract_skills(
     defined_names = _all_def_names(code for code, _ in cells)  # executed or not: a helper that did not run
     made: dict[str, Skill] = {}
     for name, c in winners.items():
+        if not _self_contained(c, defined_names | lib_names):
+            continue
         try:
             made[name] = make_skill(
                 c.source,
@@ -242,6 +245,19 @@ def _called_ok_static(
         for b in sim.run_cell(i, tree):
             (ok if result.ok else bad).add((b.cell, b.name))
     return ok - bad
+
+
+def _self_contained(c: Candidate, functions: set[str]) -> bool:
+    """Whether every global name the candidate reads is a function of the trajectory or the library,
+    one of its imports, a builtin or ``apis``: a skill that reads a task's variable (``return V``
+    after the task set ``V``) would carry any value a later task put there and be paid for it (the
+    review of session 40: (2.0, 2.0) for an answer the task computed), and it fails wherever the
+    name is not set. A skill that declares a ``global`` is no skill either (``global_reads``)."""
+    reads = global_reads(c.source, c.node.name)
+    if reads is None:
+        return False
+    imported = {n for line in c.imports for n in bound_names(ast.parse(line))}
+    return reads <= functions | imported | RESERVED_NAMES
 
 
 def _with_dependencies(winners: dict[str, Candidate], defined: set[str], library: set[str]) -> set[str]:

@@ -28,6 +28,7 @@ task defined, or to something else. The rules (docs/skills.md, "Static detection
 from __future__ import annotations
 
 import ast
+import symtable
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -258,3 +259,24 @@ def _definition_time_parts(n: ast.AST) -> list[ast.AST]:
     if isinstance(n, ast.Lambda):
         return [*n.args.defaults, *filter(None, n.args.kw_defaults)]
     return []
+
+
+def global_reads(source: str, name: str) -> frozenset[str] | None:
+    """The names that the top-level function ``name`` of ``source``, and the code nested in it, read
+    from the module's namespace (the compiler's own scopes: ``symtable``); None when it declares a
+    ``global`` (it would write the namespace of every later task) or the text does not compile."""
+    try:
+        table = symtable.symtable(source, "<skill>", "exec")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    tables = [t for t in table.get_children() if t.get_type() == "function" and t.get_name() == name][-1:]
+    out: set[str] = set()
+    while tables:
+        t = tables.pop()
+        for sym in t.get_symbols():
+            if sym.is_declared_global():
+                return None
+            if sym.is_global() and sym.is_referenced():
+                out.add(sym.get_name())
+        tables.extend(t.get_children())
+    return frozenset(out)
