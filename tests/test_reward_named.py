@@ -28,6 +28,11 @@ HANDED = (
     "def find_g(name):\n    return next(i for i in rows(token()) if i['name'] == name)['id']\n"
     "def act(kind, item_id):\n    if kind not in ['buy', 'sell']:\n        raise ValueError(kind)\n"
     "    return getattr(apis.shop, kind)(item_id=item_id)\n"
+    # one API call each, then a value the task handed over: in a function, past the walk, small
+    "def run_f(f):\n    apis.shop.login()\n    return f()\n"
+    "def last(xs):\n    apis.shop.login()\n    return xs[-1]\n"
+    "def buy_where(pred):\n    for i in apis.shop.search(token=token()):\n        if pred(i):\n"
+    "            apis.shop.buy(item_id=i['id'])\n"
 )
 
 #: the task's object, handed to ``buy`` (which names ``buy``), runs the task's code inside it: its
@@ -56,6 +61,14 @@ CASES = {
     # a generator that names the API, run by a skill; names in a list constant
     "apis.shop.buy(item_id=find_g('lamp'))": {"find_g", "token"},
     "act('buy', 4711)": {"act"},
+    # a value the task's code made, returned by a skill that made a call (the review's thunk: it paid
+    # (2.0, 2.0) for the answer and for any write that takes a token), one past the 4,096 items flow
+    # reads of an argument, a small one inside a list: the task's
+    "apis.shop.buy(item_id=run_f(lambda: 4711))": set(),
+    "apis.shop.buy(item_id=last([0] * 5000 + [4711]))": set(),
+    "apis.supervisor.complete_task(answer=last([3, 7]))": set(),
+    # a skill given a callable still makes its own writes
+    "buy_where(lambda i: i['name'] == 'desk')": {"buy_where", "token"},
 }
 
 
@@ -128,3 +141,24 @@ def test_a_skill_that_returns_the_tasks_variable_is_not_saved_nor_paid():
     )
     c, r = chain("V = {answer}\napis.supervisor.complete_task(answer=run())", "flow", first=first)
     assert c.trajectories[0].skills_saved == () and r == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("where", ["run", "json", "apis"])
+def test_a_skill_that_returns_what_the_task_stored_on_a_shared_object_is_not_paid(where):
+    """``run.v = <answer>`` (or on a module, or on ``apis``), then ``complete_task(answer=run())``
+    with a skill that returns ``run.v``: (2.0, 2.0) (``/tmp/s40/attacks/attr_stash.py``). The store
+    is refused now (sandbox/stores.py), and the task completes on its next turn."""
+    from test_reward_credit import chain
+
+    first = (
+        "import json\ndef run():\n    import json\n    apis.supervisor.show_profile()\n"
+        f"    try:\n        return {where}.v\n    except AttributeError:\n        return 0\n"
+        "print(run())\napis.supervisor.complete_task(answer={answer})"
+    )
+    second = f"import json\n{where}.v = {{answer}}\napis.supervisor.complete_task(answer=run())"
+    c, r = chain(second, "flow", first=first)
+    assert (
+        c.trajectories[0].skills_saved == ("run",)
+        and "is read-only" in c.trajectories[1].turns[0].observation
+    )
+    assert c.trajectories[1].skills_used == () and r == (1.0, 1.0)

@@ -215,8 +215,10 @@ def test_monkey_patching_apis(sandbox, world):
         "import builtins\nbuiltins.score = 1.0\n"
     )
     r, f = hostile(sandbox, world, code)
-    assert r.ok and "{'balance': 150}" in r.observation and kept(f)
-    assert world.log == [] and world.score() == 0.0  # the "deposit" never reached the world
+    # refused since session 40 (sandbox/stores.py: apis's class is read-only); the "deposit" never
+    # reached the world before either
+    assert not r.ok and "RuleError: a type object is read-only" in r.observation and kept(f)
+    assert world.log == [] and world.score() == 0.0
     assert_trainer_unharmed(sandbox, world, PID)
 
 

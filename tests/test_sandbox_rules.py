@@ -349,13 +349,14 @@ PATCHES = {
 def test_agent_code_gets_its_own_modules(sandbox, name):
     """What agent code changes in a module it imported, the worker never runs: no forged record, and
     the tracker, the bridge and the frames work as before (before: forged records, a dead worker,
-    a TypeError in every API call). Fails with ``__import__`` left as the builtin."""
-    results = run(sandbox, PATCHES[name], FakeWorld())
-    for r in results:
+    a TypeError in every API call). Failed with ``__import__`` left as the builtin. Since session
+    40 a module and its classes are read-only to agent code (sandbox/stores.py): the patch itself is
+    refused, and the next cell's API call works."""
+    results = run(sandbox, [*PATCHES[name], "print(apis.bank.balance())"], FakeWorld())
+    assert not results[0].ok and "is read-only" in results[0].observation, results[0].observation
+    for r in results[1:]:
         assert r.ok and r.observation.startswith("100"), r.observation
         assert "forged" not in [c.name for c in r.calls]
-    if name == "json.loads":
-        assert results[0].observation == "100 0\n"  # the worker's replies did not pass through it
 
 
 def test_the_agents_own_modules_behave_as_the_modules(sandbox):

@@ -19,7 +19,10 @@ paid like a real use. Under ``flow`` a skill's calls must also have an **effect*
   ``len(notes_with_tag('health'))``, the commonest value derived from a skill's). A returned atom
   that was among the call's own arguments is not the skill's (``find(name)`` returning ``name``):
   the arguments count whole (each one itself, whatever its size, its length when a container, and
-  the atoms inside), and atoms are compared as the PocketWorld checker compares answers
+  every scalar inside, small ones too), and a call given what flow cannot read through (a function
+  or lambda, an object of the task's class, a generator, a container past ``MAX_ATOMS`` items:
+  ``OPAQUE``) provides nothing by its return (``run(lambda: n)`` returns what the task's code made;
+  its writes still count); atoms are compared as the PocketWorld checker compares answers
   (``checks.normalize``: strings lower-cased, whitespace collapsed, " ." stripped, numeric text as
   its number; numbers rounded to cents, within one cent; a comma-separated text as its parts), so
   ``echo(20)``, ``x.upper()`` or ``x + 0.001`` returned by a skill given ``x`` is not the skill's
@@ -62,9 +65,11 @@ small count equal to the answer); a skill called after the task read the same da
 it back; a value used only to decide (an ``if``, a filter whose result the task computes further)
 reaches nothing by value. The exclusion of a call's arguments matches values, not computations: a
 skill that returns something the checker takes for an argument (``echo(x)``, ``x.upper()``) gives
-nothing, but one that computes its result from its arguments (``x + 1``, ``xs[0]`` of a list the
-task built, ``d['k']``: small values inside an argument are not atoms) passes the task's own value
-off as its own. At most ``MAX_ATOMS`` atoms are read from one value and ``MAX_PROVIDED``
+nothing, but one that computes its result from its arguments (``x + 1``, ``sum(xs)``) passes the
+task's own value off as its own. What a skill reads from the task's namespace is kept out by
+extraction (a skill that reads a task's variable is not saved: ``skills/extract._self_contained``)
+and by the sandbox (modules, functions and ``apis`` are read-only to agent code: ``stores.py``);
+module state set through functions (``random.setstate``) is not. At most ``MAX_ATOMS`` atoms are read from one value and ``MAX_PROVIDED``
 remembered in all (past them nothing new is provided: less credit, never more).
 
 This module is imported by the template process: it imports nothing of the project.
@@ -140,18 +145,24 @@ def _scalar(value: Any) -> Atom | None:
     return None
 
 
-def _walk(value: Any) -> Iterator[Any]:
+def _walk(value: Any, cut: list[bool] | None = None) -> Iterator[Any]:
     """The leaves of ``value`` through plain dicts, lists, tuples and sets (exact types: no agent
-    method runs), at most ``MAX_ATOMS`` items visited, however large a container."""
+    method runs), at most ``MAX_ATOMS`` items visited, however large a container (``cut`` is told
+    when items were left)."""
     todo, seen = [value], 0
-    while todo and seen < MAX_ATOMS:
+    while todo:
+        if seen >= MAX_ATOMS:
+            if cut is not None:
+                cut.append(True)
+            return
         v = todo.pop()
         seen += 1
         t = type(v)
-        if t is dict:
-            todo.extend(itertools.islice(dict.values(v), MAX_ATOMS - seen))
-        elif t is list or t is tuple or t is set or t is frozenset:
-            todo.extend(itertools.islice(v, MAX_ATOMS - seen))
+        if t is dict or t is list or t is tuple or t is set or t is frozenset:
+            room = MAX_ATOMS - seen
+            if cut is not None and len(v) > room:
+                cut.append(True)
+            todo.extend(itertools.islice(dict.values(v) if t is dict else v, room))
         else:
             yield v
 
@@ -233,12 +244,29 @@ def _text_parts(atom: Atom) -> tuple[Key, ...]:
     return tuple(_key(("s", p)) for p in itertools.islice(v.split(","), MAX_ATOMS))
 
 
+#: Among a call's inputs: an argument flow cannot see through (a function, the task's object, a
+#: generator; a container past ``MAX_ATOMS`` items). Whatever the call returns may be the task's.
+OPAQUE: Atom = ("o", None)
+_PLAIN = (str, int, float, bool, type(None))
+
+
 def _input_atoms(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[set[Atom], set[Atom]]:
-    """(the atoms inside a call's arguments, those and the arguments counted whole: each argument
-    itself, a scalar of any size, and its length when a container), read when the call starts."""
+    """(the atoms inside a call's arguments; those, the arguments counted whole (each argument
+    itself, a scalar of any size, and its length when a container) and every scalar inside them,
+    small ones too, with ``OPAQUE`` when an argument could not be read through), read when the
+    call starts."""
     values = [*itertools.islice(args, MAX_ATOMS), *itertools.islice(kwargs.values(), MAX_ATOMS)]
     inside = atoms(values)
-    return inside, inside | {a for v in values if (a := _itself(v)) is not None}
+    whole = inside | {a for v in values if (a := _itself(v)) is not None}
+    cut: list[bool] = []
+    for v in _walk(values, cut):
+        if type(v) not in _PLAIN:
+            whole.add(OPAQUE)
+        elif (a := _scalar(v)) is not None:
+            whole.add(a)
+    if cut:
+        whole.add(OPAQUE)
+    return inside, whole
 
 
 def _keys(found: Iterable[Atom]) -> set[Key]:
@@ -251,8 +279,8 @@ def _keys(found: Iterable[Atom]) -> set[Key]:
 
 def input_keys(args: Sequence[Any], kwargs: Mapping[str, Any]) -> set[Key]:
     """The keys of a call's arguments, counted whole: each argument itself (a scalar of any size),
-    its length when a container, the atoms inside it, and the parts of a comma-separated text."""
-    return _keys(_input_atoms(args, kwargs)[1])
+    its length when a container, every scalar inside it, and the parts of a comma-separated text."""
+    return _keys(_input_atoms(args, kwargs)[1] - {OPAQUE})
 
 
 def _among(atom: Atom, keys: set[Key]) -> bool:
@@ -309,9 +337,12 @@ class FlowTracker:
         """A call of ``skill`` returned ``value``; ``inputs``: what ``inputs`` gave for the call;
         ``caller``: the innermost library skill still open (the skill it served), if any. The
         inputs become keys only when the value holds atoms (a skill in a loop costs little)."""
-        pending = _result_atoms(value) - inputs  # an input itself is the input's, keys or not
-        keys = _keys(inputs) if pending and inputs else set()
-        found = {a for a in pending if not _among(a, keys)}
+        if OPAQUE in inputs:  # ``run(lambda: n)`` returns what the task's code made
+            found: set[Atom] = set()
+        else:
+            pending = _result_atoms(value) - inputs  # an input itself is the input's, keys or not
+            keys = _keys(inputs) if pending and inputs else set()
+            found = {a for a in pending if not _among(a, keys)}
         with self._lock:
             self._provide(found, {skill})
             if caller is not None and caller != skill:

@@ -370,12 +370,14 @@ def _share_what_c_code_fetches(own: dict[str, types.ModuleType], worker: dict[st
         own["numbers"].Number.register(decimal)
 
 
-def agent_builtins() -> dict[str, Any]:
+def agent_builtins(stores: Any) -> dict[str, Any]:
     """The ``__builtins__`` of the agent's namespace in the worker: the builtins, with ``getattr``,
     ``hasattr``, ``setattr`` and ``delattr`` refusing the attributes ``refusal`` refuses when written
-    out, and ``__import__`` giving agent code its own copies of the allowed modules
-    (``_private_import``). (The builtins ``refusal`` refuses by name stay: naming them is refused,
-    and without ``__builtins__`` or the ``builtins`` module nothing else reaches them.)"""
+    out, ``setattr``/``delattr`` and ``__build_class__`` keeping ``stores`` (a
+    ``stores.StoreGuard``: attribute stores only on the classes agent code defines), and
+    ``__import__`` giving agent code its own copies of the allowed modules (``_private_import``).
+    (The builtins ``refusal`` refuses by name stay: naming them is refused, and without
+    ``__builtins__`` or the ``builtins`` module nothing else reaches them.)"""
     real_getattr, real_hasattr, real_setattr, real_delattr = getattr, hasattr, setattr, delattr
 
     def guarded_getattr(obj: object, name: str, *default: object) -> Any:
@@ -385,15 +387,18 @@ def agent_builtins() -> dict[str, Any]:
         return real_hasattr(obj, _checked(name))
 
     def guarded_setattr(obj: object, name: str, value: object) -> None:
-        real_setattr(obj, _checked(name, write=True), value)
+        name = _checked(name, write=True)
+        real_setattr(stores.check(obj), name, value)
 
     def guarded_delattr(obj: object, name: str) -> None:
-        real_delattr(obj, _checked(name, write=True))
+        name = _checked(name, write=True)
+        real_delattr(stores.check(obj), name)
 
     out = dict(vars(builtins))
     for fn in (guarded_getattr, guarded_hasattr, guarded_setattr, guarded_delattr):
         fn.__name__ = fn.__qualname__ = fn.__name__.removeprefix("guarded_")
         out[fn.__name__] = fn
     out["__import__"] = _private_import()
+    out["__build_class__"] = stores.build_class
     out["RuleError"] = RuleError
     return out

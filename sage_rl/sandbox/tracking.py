@@ -64,6 +64,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sage_rl.sandbox.flow import FlowTracker
+from sage_rl.sandbox.stores import StoreGuard, replace_constants
 
 #: Filename prefix of a library skill's code (equal to ``sage_rl.types.SKILL_ORIGIN_PREFIX``; not
 #: imported from there so that the worker loads nothing of the project beyond the sandbox).
@@ -121,6 +122,7 @@ class CallTracker:
         # Unguessable, so no string literal of agent code can collide with it.
         self._marker = f"\x00sage-track-{secrets.token_hex(8)}\x00"
         self._codes: dict[int, types.CodeType] = {}  # id -> code object compiled here (kept alive)
+        self.stores = StoreGuard(lambda code: self._codes.get(id(code)) is code)  # attribute stores
 
     def start_cell(self) -> None:
         self.counts = {}
@@ -140,20 +142,9 @@ class CallTracker:
         """Compile agent code as ``origin`` with call tracking. Raises SyntaxError/ValueError as
         ``compile`` does."""
         tree = ast.parse(code, filename=origin, mode="exec")
-        tree = ast.fix_missing_locations(_Instrument(self._marker).visit(tree))
-        return self._inject(compile(tree, origin, "exec", dont_inherit=True))
-
-    def _inject(self, code: types.CodeType) -> types.CodeType:
-        """``code`` (and the code objects nested in it) with the marker constant replaced by ``wrap``."""
-        consts = tuple(
-            self.wrap
-            if type(c) is str and c == self._marker
-            else (self._inject(c) if isinstance(c, types.CodeType) else c)
-            for c in code.co_consts
-        )
-        new = code.replace(co_consts=consts)
-        self._codes[id(new)] = new
-        return new
+        tree = self.stores.transform(ast.fix_missing_locations(_Instrument(self._marker).visit(tree)))
+        markers = {self._marker: self.wrap, self.stores.marker: self.stores.check}
+        return replace_constants(compile(tree, origin, "exec", dont_inherit=True), markers, self._codes)
 
     def records(self) -> list[list[Any]]:
         """``[name, origin, calls, errors, with_api, events]`` rows, sorted, for the functions

@@ -262,7 +262,8 @@ class Runtime:
         self.tracker = CallTracker()
         self.bridge.on_ok = self.tracker.api_done
         # builtins that keep the rules of rules.py for names computed at run time (issue 30)
-        self.builtins = agent_builtins()  # put back before each cell, whatever the last one bound
+        # put back before each cell, whatever the last one bound; attribute stores: stores.py
+        self.builtins = agent_builtins(self.tracker.stores)
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": self.builtins}
         self.namespace["apis"] = Apis(self.bridge)
         self.namespace["ApiError"] = ApiError

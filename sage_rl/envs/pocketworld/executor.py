@@ -14,6 +14,7 @@ An ``Executors`` opens one ``Executor`` per episode over a ``dispatch(app, api, 
 
 from __future__ import annotations
 
+import ast
 import builtins
 import contextlib
 import io
@@ -30,6 +31,7 @@ from sage_rl.envs.pocketworld.proxy import Apis, Dispatch
 from sage_rl.sandbox.flow import FlowTracker, WorldChanges
 from sage_rl.sandbox.pool import Fingerprint
 from sage_rl.sandbox.rules import refusal
+from sage_rl.sandbox.stores import StoreGuard, replace_constants
 from sage_rl.text import source_lines
 from sage_rl.types import ExecResult
 
@@ -77,8 +79,14 @@ class InProcessExecutor:
         self._flow = FlowTracker()  # across cells, as in the sandbox's worker
         self.changes = WorldChanges(fingerprint)  # numbered as the sandbox's Session numbers them
         self._api_ok = 0
+        # attribute stores as the sandbox checks them (sandbox/stores.py)
+        self._stores = StoreGuard(lambda code: code.co_filename.startswith(AGENT_ORIGINS))
+        checked = self._stores.check
+        own_builtins = dict(vars(builtins), __build_class__=self._stores.build_class)
+        own_builtins["setattr"] = lambda obj, name, value: setattr(checked(obj), name, value)
+        own_builtins["delattr"] = lambda obj, name: delattr(checked(obj), name)
         self._ns: dict[str, object] = {
-            "__builtins__": builtins,
+            "__builtins__": own_builtins,
             "__name__": "__agent__",
             "apis": Apis(_untraced(self._counted(dispatch))),
         }
@@ -100,6 +108,10 @@ class InProcessExecutor:
 
         return call
 
+    def _compile(self, code: str, origin: str) -> types.CodeType:
+        tree = self._stores.transform(ast.parse(code, filename=origin, mode="exec"))
+        return replace_constants(compile(tree, origin, "exec"), {self._stores.marker: self._stores.check}, {})
+
     async def execute(self, code: str, origin: str) -> ExecResult:
         refused = refusal(code)  # the sandbox's rules, so that both executors show the same observations
         if refused is not None:
@@ -114,7 +126,7 @@ class InProcessExecutor:
         with contextlib.redirect_stdout(out), CallTracer(self._flow) as tracer:
             self._tracer = tracer
             try:
-                exec(compile(code, origin, "exec"), self._ns)  # noqa: S102 - executing agent code is the point
+                exec(self._compile(code, origin), self._ns)  # noqa: S102 - executing agent code is the point
             except KeyboardInterrupt:
                 raise
             except BaseException as e:  # noqa: BLE001 - any failure of agent code (SystemExit too) is an observation

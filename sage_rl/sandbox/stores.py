@@ -1,0 +1,95 @@
+"""Attribute stores in agent code: only on objects of the classes agent code defined.
+
+A library skill's globals are the later task's namespace, and what it reads there the task can
+write: ``run.v = answer`` on the skill's own function, ``json.v = answer`` on a module, or
+``apis.v = answer``, then ``return run.v`` in a skill that made one API call, paid the skill bonus
+(2.0, 2.0) for the task's own answer (session 40). Extraction already refuses a skill that reads a
+task's variable (``skills/extract._self_contained``); these stores are the same channel one
+attribute away. No policy cell of laptop32 (8,127) stores an attribute at all.
+
+So every attribute store and delete in agent code (``x.a = v``, ``x.a += v``, ``del x.a``, a
+``for``/``with`` target ``x.a``) is compiled as a store on ``check(x)``, which passes ``x`` when it
+is a class that agent code defined (a ``class`` statement compiled from a cell or a skill: the
+``__build_class__`` hook) or an instance of one, and raises ``RuleError`` otherwise: modules,
+functions (library skills), ``apis``, the classes of the allowed modules and their instances are
+read-only. ``setattr``/``delattr`` apply the same check (``rules.agent_builtins``). The check is a
+constant of the compiled code, as the call tracker's decorator is: nothing in the namespace names
+it.
+
+This module is imported by the template process: it imports nothing of the project but ``rules``.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import secrets
+import types
+from collections.abc import Callable
+from typing import Any
+
+from sage_rl.sandbox.rules import RuleError
+
+READ_ONLY = (
+    "{what} is read-only: agent code may set or delete attributes only on the classes it defines and "
+    "their objects (modules, functions, apis and the allowed modules' classes are shared with the "
+    "library's skills)"
+)
+
+
+class StoreGuard:
+    """The classes agent code defined, and the check its attribute stores go through."""
+
+    def __init__(self, agent_code: Callable[[types.CodeType], bool]) -> None:
+        self.agent_code = agent_code  # whether a class body's code is agent code
+        self.marker = f"\x00sage-store-{secrets.token_hex(8)}\x00"
+        self._classes: dict[int, type] = {}  # by id, the classes kept alive: no agent __eq__ runs
+
+    def transform(self, tree: ast.AST) -> ast.AST:
+        """``tree`` with each attribute store's object ``x`` as ``marker.__call__(x)`` (the marker
+        constant is replaced by ``check`` once compiled: ``replace_constants``)."""
+        return ast.fix_missing_locations(_Stores(self.marker).visit(tree))
+
+    def check(self, obj: Any) -> Any:
+        """``obj`` when agent code may set its attributes (module docstring); else ``RuleError``."""
+        t = type(obj)
+        if self._classes.get(id(t)) is t or self._classes.get(id(obj)) is obj:
+            return obj
+        raise RuleError(READ_ONLY.format(what=f"a {t.__name__} object"))
+
+    def build_class(self, func: Any, name: str, *bases: Any, **kw: Any) -> Any:
+        """``__build_class__`` for agent code: the class, recorded when its body is agent code."""
+        cls = builtins.__build_class__(func, name, *bases, **kw)
+        code = getattr(func, "__code__", None)
+        if isinstance(code, types.CodeType) and self.agent_code(code) and isinstance(cls, type):
+            self._classes[id(cls)] = cls
+        return cls
+
+
+class _Stores(ast.NodeTransformer):
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.ctx, ast.Store | ast.Del):
+            # ``marker.__call__(x)``: a call of a constant would draw a SyntaxWarning when compiled
+            check = ast.Attribute(value=ast.Constant(self.marker), attr="__call__", ctx=ast.Load())
+            node.value = ast.copy_location(ast.Call(func=check, args=[node.value], keywords=[]), node.value)
+        return node
+
+
+def replace_constants(
+    code: types.CodeType, by: dict[str, Any], seen: dict[int, types.CodeType]
+) -> types.CodeType:
+    """``code`` and the code nested in it with the string constants in ``by`` replaced by their
+    values; each new code object is kept in ``seen`` by id (a compiled marker is an exact ``str``)."""
+    consts = tuple(
+        by[c]
+        if type(c) is str and c in by
+        else (replace_constants(c, by, seen) if isinstance(c, types.CodeType) else c)
+        for c in code.co_consts
+    )
+    new = code.replace(co_consts=consts)
+    seen[id(new)] = new
+    return new
