@@ -77,13 +77,13 @@ This module is imported by the template process: it imports nothing of the proje
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
-import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
+
+from sage_rl.sandbox.answer_keys import Key, among, keys_of
 
 #: ``supervisor.complete_task``: its ``answer`` is a sink (sage_rl.sandbox.tracking.IDLE_APIS).
 COMPLETE = ("supervisor", "complete_task")
@@ -206,44 +206,6 @@ def _strings(value: Any) -> list[str]:
     return [v for v in _walk(value) if type(v) is str and SUBSTRING_CHARS < len(v) <= MAX_TEXT_CHARS]
 
 
-# -- what the checker tells apart (sage_rl/envs/pocketworld/checks.py, ``normalize``, ``answers_match``;
-# -- mirrored here: this module imports nothing of the project) --------------------------------------
-
-Key = tuple[str, Any]  # ("s", normalised text) | ("n", cents: an int; a float past 1e15)
-_NUM = re.compile(r"^\$?\s*(-?\d+(?:\.\d+)?)\s*(?:\$|dollars?|usd)?$")  # checks._NUM
-
-
-def _cents(x: float) -> Any:
-    r = round(x, 2)
-    return round(r * 100) if abs(r) < 1e15 else r  # past 1e15 a cent is below a float's step
-
-
-@functools.lru_cache(maxsize=1 << 14)  # a skill called in a loop over the same rows meets the same atoms
-def _key(atom: Atom) -> Key:
-    """``atom`` as the checker compares it: a string lower-cased, whitespace collapsed, " ."
-    stripped, and numeric text ("$12.50", "1,200") as its number; a number rounded to cents; a
-    bool as "true"/"false"."""
-    kind, v = atom
-    if kind == "b":
-        return ("s", "true" if v else "false")
-    if kind == "n":
-        return ("n", _cents(v))
-    text = " ".join(v.lower().split()).strip(" .")
-    m = _NUM.match(text.replace(",", ""))
-    if m and math.isfinite(n := float(m.group(1))):
-        return ("n", _cents(n))
-    return ("s", text)
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _text_parts(atom: Atom) -> tuple[Key, ...]:
-    """The parts of a comma-separated text, as keys (the checker reads one as a list answer)."""
-    kind, v = atom
-    if kind != "s" or "," not in v:
-        return ()
-    return tuple(_key(("s", p)) for p in itertools.islice(v.split(","), MAX_ATOMS))
-
-
 #: Among a call's inputs: an argument flow cannot see through (a function, the task's object, a
 #: generator; a container past ``MAX_ATOMS`` items). Whatever the call returns may be the task's.
 OPAQUE: Atom = ("o", None)
@@ -269,32 +231,10 @@ def _input_atoms(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[set[At
     return inside, whole
 
 
-def _keys(found: Iterable[Atom]) -> set[Key]:
-    out: set[Key] = set()
-    for a in found:
-        out.add(_key(a))
-        out.update(_text_parts(a))
-    return out
-
-
 def input_keys(args: Sequence[Any], kwargs: Mapping[str, Any]) -> set[Key]:
     """The keys of a call's arguments, counted whole: each argument itself (a scalar of any size),
     its length when a container, every scalar inside it, and the parts of a comma-separated text."""
-    return _keys(_input_atoms(args, kwargs)[1] - {OPAQUE})
-
-
-def _among(atom: Atom, keys: set[Key]) -> bool:
-    """Whether the checker would take ``atom`` for one of ``keys`` (numbers within a cent; a
-    comma-separated text whose every part is one)."""
-    if not keys:
-        return False
-    kind, v = _key(atom)
-    if kind == "n":
-        if type(v) is int:
-            return any(("n", v + d) in keys for d in (-1, 0, 1))
-        return (kind, v) in keys
-    parts = _text_parts(atom)
-    return (kind, v) in keys or (bool(parts) and all(p in keys for p in parts))
+    return keys_of(_input_atoms(args, kwargs)[1] - {OPAQUE})
 
 
 class FlowTracker:
@@ -341,8 +281,8 @@ class FlowTracker:
             found: set[Atom] = set()
         else:
             pending = _result_atoms(value) - inputs  # an input itself is the input's, keys or not
-            keys = _keys(inputs) if pending and inputs else set()
-            found = {a for a in pending if not _among(a, keys)}
+            keys = keys_of(inputs) if pending and inputs else set()
+            found = {a for a in pending if not among(a, keys)}
         with self._lock:
             self._provide(found, {skill})
             if caller is not None and caller != skill:
