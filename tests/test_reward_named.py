@@ -33,6 +33,9 @@ HANDED = (
     "def last(xs):\n    apis.shop.login()\n    return xs[-1]\n"
     "def buy_where(pred):\n    for i in apis.shop.search(token=token()):\n        if pred(i):\n"
     "            apis.shop.buy(item_id=i['id'])\n"
+    # state kept between calls: what one call was given, a later call gives back
+    "def box(v=None, _kept=[0]):\n    apis.shop.login()\n    if v is not None:\n        _kept[0] = v\n"
+    "    return _kept[0]\n"
 )
 
 #: the task's object, handed to ``buy`` (which names ``buy``), runs the task's code inside it: its
@@ -67,6 +70,7 @@ CASES = {
     "apis.shop.buy(item_id=run_f(lambda: 4711))": set(),
     "apis.shop.buy(item_id=last([0] * 5000 + [4711]))": set(),
     "apis.supervisor.complete_task(answer=last([3, 7]))": set(),
+    "box(4711)\napis.shop.buy(item_id=box())": set(),
     # a skill given a callable still makes its own writes
     "buy_where(lambda i: i['name'] == 'desk')": {"buy_where", "token"},
 }

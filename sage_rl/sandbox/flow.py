@@ -245,6 +245,8 @@ class FlowTracker:
         self.served: dict[SkillKey, set[SkillKey]] = {}  # S -> skills whose values S's reads used
         self._changes: dict[SkillKey, set[int]] = {}  # the world changes (events > 0, or 0) this cell
         self._answer: set[SkillKey] = set()  # the skills the last answer submitted this cell carries
+        self.given: set[Atom] = set()  # every input of a skill call so far (``_remember_given``)
+        self._given_keys: set[Key] = set()
         # as the bridge and the call stacks are (tracking.py): threads, should agent code ever get
         # them (rules.py refuses `threading` today); no agent code runs under it
         self._lock = threading.Lock()
@@ -261,17 +263,33 @@ class FlowTracker:
                 out.setdefault(s, set()).add(0)
         return out
 
-    def inputs(self, skill: SkillKey, args: Sequence[Any], kwargs: Mapping[str, Any]) -> set[Atom]:
+    def inputs(
+        self, skill: SkillKey, args: Sequence[Any], kwargs: Mapping[str, Any], by_task: bool = True
+    ) -> set[Atom]:
         """A call of ``skill`` starts: the atoms of its arguments, whole (``input_keys``: not the
         skill's to provide), read now (the skill may change a list it was given). The skills that
-        provided the atoms inside them serve it."""
+        provided the atoms inside them serve it. ``by_task``: no library skill made the call (what
+        the task gives a skill is the task's in later calls too: ``_remember_given``)."""
         inside, whole = _input_atoms(args, kwargs)
         with self._lock:
             given = inside & self.providers.keys()
             givers = set().union(*(self.providers[a] for a in given)) - {skill}
             if givers:
                 self.served.setdefault(skill, set()).update(givers)
+            if by_task:
+                self._remember_given(whole)
         return whole
+
+    def _remember_given(self, found: set[Atom]) -> None:
+        """What the task gave a skill (or a skill fetched for it: ``handed``) is the task's in every
+        later call too: a skill that keeps state (a mutable default, a module's list) gave back in
+        a later call what an earlier one was handed (``box(20)`` then ``box()``). Not what skills
+        give their helpers: a list id a skill passed ``fetch_all`` equalled a later count."""
+        new = found - self.given
+        new.discard(OPAQUE)
+        if new and len(self.given) < MAX_PROVIDED:
+            self.given |= new
+            self._given_keys |= keys_of(new)
 
     def returned(self, skill: SkillKey, inputs: set[Atom], value: Any, caller: SkillKey | None) -> None:
         """A call of ``skill`` returned ``value``; ``inputs``: what ``inputs`` gave for the call;
@@ -280,9 +298,9 @@ class FlowTracker:
         if OPAQUE in inputs:  # ``run(lambda: n)`` returns what the task's code made
             found: set[Atom] = set()
         else:
-            pending = _result_atoms(value) - inputs  # an input itself is the input's, keys or not
+            pending = _result_atoms(value) - inputs - self.given  # the inputs' whether keys or not
             keys = keys_of(inputs) if pending and inputs else set()
-            found = {a for a in pending if not among(a, keys)}
+            found = {a for a in pending if not among(a, keys) and not among(a, self._given_keys)}
         with self._lock:
             self._provide(found, {skill})
             if caller is not None and caller != skill:
@@ -309,6 +327,8 @@ class FlowTracker:
             got = _result_atoms(value)
             for given in handed:
                 given |= got
+            with self._lock:
+                self._remember_given(got)
         answer = (app, api) == COMPLETE
         args = atoms(dict(kwargs)) | (atoms(kwargs.get("answer"), whole=True) if answer else set())
         wrote = changed > 0 if changed is not None else works

@@ -270,7 +270,7 @@ def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., An
             n = counts[key] = [0, 0, 0]
         n[0] += 1
         stack = tracker.open.stack
-        inputs = tracker.flow.inputs(key, args, kwargs) if skill else None
+        inputs = tracker.flow.inputs(key, args, kwargs, innermost_skill(stack) is None) if skill else None
         stack.append([0, origin, key, inputs])
         try:
             value = fn(*args, **kwargs)
