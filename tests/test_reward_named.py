@@ -50,7 +50,6 @@ CASES = {
     # handed the API by value, by name, through a global, through another skill's closure: not paid
     "call(apis.shop.buy, item_id=4711)": set(),
     "by_name('shop', 'buy', item_id=4711)": set(),
-    "F = apis.shop.buy\nvia_global(item_id=4711)": set(),
     "g = make()\ncall(g, item_id=4711)": set(),
     EQ: set(),  # ``buy`` names the API, but the task's __eq__ is between it and the call
     # a handed read is the task's read: its rows are the token's provider's, not call's

@@ -44,3 +44,46 @@ def test_attributes_of_what_agent_code_defines_can_be_set(sandbox, cell):
 def test_attributes_of_what_the_skills_share_are_read_only(sandbox, cell):
     for name, result in in_both_executors(sandbox, LIBRARY, skill_origin("run"), cell).items():
         assert not result.ok and "is read-only" in result.observation, (name, result.observation)
+
+
+#: a library that reads a builtin, a helper of its own and an import; cell -> what it prints
+APART = (
+    "import json\n"
+    "def zero():\n    return abs(0)\n"
+    "def base():\n    return 1\n"
+    "def via_base():\n    return base()\n"
+    "def parse():\n    return json.loads('1')\n"
+    "def via_global():\n    return F\n"
+)
+REBOUND = {
+    # the task rebinds what the library reads: the library keeps its own (it paid (2.0, 2.0) before)
+    "abs = lambda x: 4711\nprint(zero(), abs(1))": "0 4711\n",
+    "def base():\n    return 4711\nprint(via_base(), base())": "1 4711\n",
+    "class J:\n    def loads(self, s):\n        return 4711\njson = J()\nprint(parse(), json.loads('x'))": "1 4711\n",
+    # the task gets the library's functions and imports (its own copy of the module)
+    "print(json.dumps([base()]), zero())": "[1] 0\n",
+}
+
+
+@pytest.mark.parametrize("cell", list(REBOUND))
+def test_library_code_runs_in_a_namespace_of_its_own(sandbox, cell):
+    for name, result in in_both_executors(sandbox, APART, skill_origin("zero"), cell).items():
+        assert result.ok and result.observation == REBOUND[cell], (name, result.observation)
+
+
+def test_a_library_skill_does_not_see_the_tasks_variables(sandbox):
+    for name, result in in_both_executors(
+        sandbox, APART, skill_origin("zero"), "F = 1\nvia_global()"
+    ).items():
+        assert not result.ok and "NameError: name 'F' is not defined" in result.observation, name
+
+
+def test_a_metaclass_cannot_pass_another_class_off_as_the_agents(sandbox):
+    """``metaclass=lambda *a: type(json)`` returned ``ModuleType`` from a class statement, and the
+    store guard took it for a class agent code defined: ``json.v = ...`` then passed."""
+    cell = "import json\nclass X(metaclass=lambda n, b, ns: type(json)):\n    pass\njson.v = 1"
+    for name, result in in_both_executors(sandbox, LIBRARY, skill_origin("run"), cell).items():
+        assert not result.ok and "a module object is read-only" in result.observation, (
+            name,
+            result.observation,
+        )

@@ -184,6 +184,8 @@ SELF_CONTAINED = {
     "import json\ndef f(x):\n    try:\n        return json.dumps(x) + str(len(x))\n    except ApiError:\n"
     "        return apis.supervisor.show_profile()\ndef g(y):\n    n = 2\n    def h():\n"
     "        nonlocal n\n        n += 1\n        return n\n    return f([y, lib_skill(y), h()])": {"f", "g"},
+    # a module the library's imports bind (its cells bind it in every task that loads it)
+    "def k(s):\n    return re.sub('a', 'b', s)": {"k"},
 }
 
 
@@ -191,7 +193,7 @@ SELF_CONTAINED = {
 def test_a_skill_reads_no_variable_of_the_task(code):
     from sage_rl.types import ExecResult
 
-    lib = Library([make_skill("def lib_skill(x):\n    return x")])
+    lib = Library([make_skill("def lib_skill(x):\n    return re.escape(x)", imports=("import re",))])
     defined = tuple(n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef))
     ran = ExecResult("", ok=True, calls=(), defined=defined)
     saved = extract_skills([(code, ran)], policy=SavePolicy.DEFINED, library=lib)

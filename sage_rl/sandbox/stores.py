@@ -16,6 +16,14 @@ read-only. ``setattr``/``delattr`` apply the same check (``rules.agent_builtins`
 constant of the compiled code, as the call tracker's decorator is: nothing in the namespace names
 it.
 
+The library's code also runs in a namespace of its own (``share_library_cell``): a skill's globals
+were the later task's namespace, so a task that rebound a name a skill reads (``abs = lambda x:
+answer``, a library helper redefined, ``json = J()``) chose what the skill returned (the second
+review of session 40: (2.0, 2.0)). Library cells (``<skill:NAME>``) run in the library's namespace,
+with builtins and module copies of its own; what a library cell binds is then bound in the task's
+namespace too (its functions, its aliases), and its import statements run there again, so that the
+task gets its own module copies, as if it had imported them.
+
 This module is imported by the template process: it imports nothing of the project but ``rules``.
 """
 
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import secrets
 import types
 from collections.abc import Callable
@@ -61,7 +70,15 @@ class StoreGuard:
         """``__build_class__`` for agent code: the class, recorded when its body is agent code."""
         cls = builtins.__build_class__(func, name, *bases, **kw)
         code = getattr(func, "__code__", None)
-        if isinstance(code, types.CodeType) and self.agent_code(code) and isinstance(cls, type):
+        module = getattr(func, "__globals__", {}).get("__name__")
+        # a metaclass may return any class (``metaclass=lambda *a: type(json)``): only one whose
+        # body set it up in agent code's module is agent code's
+        if (
+            isinstance(code, types.CodeType)
+            and self.agent_code(code)
+            and isinstance(cls, type)
+            and type.__dict__["__module__"].__get__(cls) == module
+        ):
             self._classes[id(cls)] = cls
         return cls
 
@@ -93,3 +110,23 @@ def replace_constants(
     new = code.replace(co_consts=consts)
     seen[id(new)] = new
     return new
+
+
+def share_library_cell(
+    code: str, origin: str, before: dict[str, Any], library: dict[str, Any], task: dict[str, Any]
+) -> None:
+    """A library cell ran in ``library`` (``before``: its bindings before): bind what it bound in
+    ``task`` too, and run its import statements there (module docstring). Never raises."""
+    try:
+        tree = ast.parse(code, filename=origin, mode="exec")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return
+    imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    imported = {(a.asname or a.name).partition(".")[0] for n in imports for a in n.names}
+    missing = object()
+    for name, value in library.items():
+        if not name.startswith("__") and name not in imported and before.get(name, missing) is not value:
+            task[name] = value
+    if imports:  # they ran in the library's namespace: an error here adds nothing to tell
+        with contextlib.suppress(Exception):
+            exec(compile(ast.Module(body=imports, type_ignores=[]), origin, "exec"), task)  # noqa: S102

@@ -270,7 +270,10 @@ def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., An
             n = counts[key] = [0, 0, 0]
         n[0] += 1
         stack = tracker.open.stack
-        inputs = tracker.flow.inputs(key, args, kwargs, innermost_skill(stack) is None) if skill else None
+        inputs = None
+        if skill:  # its default values too: state kept in one (``acc={}``) the task may have filled
+            given = (*args, *(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values())
+            inputs = tracker.flow.inputs(key, given, kwargs, innermost_skill(stack) is None)
         stack.append([0, origin, key, inputs])
         try:
             value = fn(*args, **kwargs)

@@ -21,7 +21,8 @@ from typing import Any, NoReturn
 
 from sage_rl.sandbox.protocol import BlockingChannel, encode
 from sage_rl.sandbox.rules import agent_builtins
-from sage_rl.sandbox.tracking import AGENT_PREFIXES, CallTracker, defined_functions
+from sage_rl.sandbox.stores import share_library_cell
+from sage_rl.sandbox.tracking import AGENT_PREFIXES, SKILL_ORIGIN_PREFIX, CallTracker, defined_functions
 
 #: Frames of agent code shown at most in a traceback (the last ones; repeats are collapsed too).
 MAX_FRAMES = 30
@@ -267,6 +268,9 @@ class Runtime:
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": self.builtins}
         self.namespace["apis"] = Apis(self.bridge)
         self.namespace["ApiError"] = ApiError
+        # library cells run apart, with module copies of their own (stores.share_library_cell)
+        self.library_builtins = agent_builtins(self.tracker.stores)
+        self.library = {**self.namespace, "__builtins__": self.library_builtins}
         signal.signal(signal.SIGALRM, self._on_limit_signal)
         signal.signal(signal.SIGXCPU, self._on_limit_signal)
         # Each call of an agent function runs two frames (the call-record wrapper and the function),
@@ -293,18 +297,23 @@ class Runtime:
         saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = out
         self.namespace["__builtins__"] = self.builtins
+        self.library["__builtins__"] = self.library_builtins
+        ns = self.library if origin.startswith(SKILL_ORIGIN_PREFIX) else self.namespace
+        before = dict(ns)
         try:
-            ok, timed_out, error = self._exec(code, origin, timeout_s, cpu_s)
+            ok, timed_out, error = self._exec(code, origin, timeout_s, cpu_s, ns)
         finally:
             self._disarm()
             sys.stdout, sys.stderr = saved
+        if ns is self.library:
+            share_library_cell(code, origin, before, self.library, self.namespace)
         msg = {
             "op": "done",
             "ok": ok,
             "timed_out": timed_out,
             "observation": out.text() + cut(error, self.output_chars, "of the error"),
             "calls": self.tracker.records(),
-            "defined": defined_functions(self.namespace, origin),
+            "defined": defined_functions(ns, origin),
         }
         while len(encode(msg)) > self.max_bytes and len(msg["observation"]) > 1000:
             # escaped as JSON, a character takes up to 12 bytes: shrink until the frame fits
@@ -313,7 +322,9 @@ class Runtime:
             )
         return msg
 
-    def _exec(self, code: str, origin: str, timeout_s: float, cpu_s: int) -> tuple[bool, bool, str]:
+    def _exec(
+        self, code: str, origin: str, timeout_s: float, cpu_s: int, ns: dict[str, Any]
+    ) -> tuple[bool, bool, str]:
         """(ok, timed_out, error text). The agent's error is formatted while the limits are still
         armed, so an exception whose ``__str__`` hangs is timed out like any other code."""
         try:
@@ -321,7 +332,7 @@ class Runtime:
                 compiled = self.tracker.compile(code, origin)
                 self._arm(timeout_s, cpu_s)
                 try:
-                    exec(compiled, self.namespace)
+                    exec(compiled, ns)
                 except CellTimeout:
                     raise
                 except BaseException as e:  # the agent's error, whatever it is, becomes its observation

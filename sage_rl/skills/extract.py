@@ -87,6 +87,8 @@ def extract_skills(
     if origins is not None and len(origins) != len(cells):
         raise ValueError(f"extract_skills: {len(cells)} cells but {len(origins)} origins")
     lib_names = set(library.names()) | set(library.aliases()) if library is not None else set()
+    # the names the library's import lines bind: its cells bind them in every task that loads it
+    lib_imports = {n for s in library or () for line in s.imports for n in bound_names(ast.parse(line))}
     cands = candidates(cells, origins, task_success, library.function_nodes() if library is not None else {})
     winners: dict[str, Candidate] = {}
     for c in cands:
@@ -96,7 +98,7 @@ def extract_skills(
     defined_names = _all_def_names(code for code, _ in cells)  # executed or not: a helper that did not run
     made: dict[str, Skill] = {}
     for name, c in winners.items():
-        if not _self_contained(c, defined_names | lib_names):
+        if not _self_contained(c, defined_names | lib_names | lib_imports):
             continue
         try:
             made[name] = make_skill(
@@ -248,8 +250,8 @@ def _called_ok_static(
 
 
 def _self_contained(c: Candidate, functions: set[str]) -> bool:
-    """Whether every global name the candidate reads is a function of the trajectory or the library,
-    one of its imports, a builtin or ``apis``: a skill that reads a task's variable (``return V``
+    """Whether every global name the candidate reads is a function of the trajectory or the library
+    (or a name the library's imports bind), one of its imports, a builtin or ``apis``: a skill that reads a task's variable (``return V``
     after the task set ``V``) would carry any value a later task put there and be paid for it (the
     review of session 40: (2.0, 2.0) for an answer the task computed), and it fails wherever the
     name is not set. A skill that declares a ``global`` is no skill either (``global_reads``)."""

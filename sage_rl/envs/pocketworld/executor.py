@@ -31,9 +31,9 @@ from sage_rl.envs.pocketworld.proxy import Apis, Dispatch
 from sage_rl.sandbox.flow import FlowTracker, WorldChanges
 from sage_rl.sandbox.pool import Fingerprint
 from sage_rl.sandbox.rules import refusal
-from sage_rl.sandbox.stores import StoreGuard, replace_constants
+from sage_rl.sandbox.stores import StoreGuard, replace_constants, share_library_cell
 from sage_rl.text import source_lines
-from sage_rl.types import ExecResult
+from sage_rl.types import SKILL_ORIGIN_PREFIX, ExecResult
 
 #: Observations longer than this are cut (the model's context is the scarce resource).
 MAX_OBSERVATION_CHARS = 20_000
@@ -90,6 +90,7 @@ class InProcessExecutor:
             "__name__": "__agent__",
             "apis": Apis(_untraced(self._counted(dispatch))),
         }
+        self._library = dict(self._ns)  # library cells run apart (sandbox/stores.share_library_cell)
         self._sources: dict[str, list[str]] = {}
 
     def _counted(self, dispatch: Dispatch) -> Dispatch:
@@ -117,7 +118,8 @@ class InProcessExecutor:
         if refused is not None:
             return ExecResult(refused, ok=False, calls=(), defined=(), api_ok=0)
         self._sources[origin] = source_lines(code)
-        before = dict(self._ns)  # holds references, so a redefined function's id cannot be reused
+        ns = self._library if origin.startswith(SKILL_ORIGIN_PREFIX) else self._ns
+        before = dict(ns)  # holds references, so a redefined function's id cannot be reused
         out = io.StringIO()
         start = time.perf_counter()
         ok = True
@@ -126,15 +128,17 @@ class InProcessExecutor:
         with contextlib.redirect_stdout(out), CallTracer(self._flow) as tracer:
             self._tracer = tracer
             try:
-                exec(self._compile(code, origin), self._ns)  # noqa: S102 - executing agent code is the point
+                exec(self._compile(code, origin), ns)  # noqa: S102 - executing agent code is the point
             except KeyboardInterrupt:
                 raise
             except BaseException as e:  # noqa: BLE001 - any failure of agent code (SystemExit too) is an observation
                 ok = False
                 print(format_error(e, self._sources), end="")
+        if ns is self._library:
+            share_library_cell(code, origin, before, ns, self._ns)
         defined = tuple(
             k
-            for k, v in self._ns.items()
+            for k, v in ns.items()
             if isinstance(v, types.FunctionType)
             and v.__code__.co_filename == origin
             and before.get(k) is not v
@@ -150,6 +154,7 @@ class InProcessExecutor:
 
     async def close(self) -> None:
         self._ns.clear()
+        self._library.clear()
 
 
 def format_error(e: BaseException, sources: Mapping[str, list[str]]) -> str:
