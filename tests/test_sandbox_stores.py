@@ -54,6 +54,7 @@ APART = (
     "def via_base():\n    return base()\n"
     "def parse():\n    return json.loads('1')\n"
     "def via_global():\n    return F\n"
+    "def me():\n    return getattr(me, 'maps', None)\n"
 )
 REBOUND = {
     # the task rebinds what the library reads: the library keeps its own (it paid (2.0, 2.0) before)
@@ -62,6 +63,11 @@ REBOUND = {
     "class J:\n    def loads(self, s):\n        return 4711\njson = J()\nprint(parse(), json.loads('x'))": "1 4711\n",
     # the task gets the library's functions and imports (its own copy of the module)
     "print(json.dumps([base()]), zero())": "[1] 0\n",
+    # library code storing onto what it is handed as ``self`` (no store of agent code to check): the
+    # task's handle on a skill is not the library's function, and apis takes no attributes
+    "import collections\ncollections.ChainMap.__init__(me, 7)\nprint(me(), me.maps)": "None [7]\n",
+    "import string\nfor target in (apis, apis.shop):\n    try:\n        string.Template.__init__(target, 'x')\n"
+    "    except AttributeError as e:\n        print(type(e).__name__)": "AttributeError\nAttributeError\n",
 }
 
 

@@ -126,7 +126,19 @@ def share_library_cell(
     missing = object()
     for name, value in library.items():
         if not name.startswith("__") and name not in imported and before.get(name, missing) is not value:
-            task[name] = value
+            task[name] = _proxy(value) if type(value) is types.FunctionType else value
     if imports:  # they ran in the library's namespace: an error here adds nothing to tell
         with contextlib.suppress(Exception):
             exec(compile(ast.Module(body=imports, type_ignores=[]), origin, "exec"), task)  # noqa: S102
+
+
+def _proxy(fn: Any) -> Any:
+    """The task's handle on a library function: another function object, so that what library code
+    stores on it (``collections.ChainMap.__init__(skill, v)`` sets ``skill.maps``) the library's
+    own function never carries."""
+
+    def skill(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    skill.__name__, skill.__qualname__, skill.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    return skill

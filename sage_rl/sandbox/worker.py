@@ -192,7 +192,17 @@ class _Api:
         return f"<api apis.{self._app}.{self._api}>"
 
 
-class _App:
+class _ReadOnly:
+    """No attributes, whoever sets them (``string.Template.__init__(apis, v)`` is library code)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("apis is read-only")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("apis is read-only")
+
+
+class _App(_ReadOnly):
     """``apis.<app>``: its ``<api>`` attributes are made on first use and then cached in the
     instance dict, so later lookups skip ``__getattr__`` (the API round trip is the hot path)."""
 
@@ -209,7 +219,7 @@ class _App:
         return f"<app apis.{self._app}>"
 
 
-class Apis:
+class Apis(_ReadOnly):
     """``apis.<app>.<api>(**kwargs)``: each call goes to the parent, which owns the world."""
 
     def __init__(self, bridge: Bridge) -> None:
