@@ -22,7 +22,7 @@ import ast
 from collections.abc import Iterable
 
 from sage_rl.skills.record import FunctionNode, Skill, content_hash, function_node
-from sage_rl.skills.static import local_names
+from sage_rl.skills.static import NAMED_NODES, local_names
 
 
 class _Inert(ast.NodeTransformer):
@@ -43,9 +43,6 @@ class _Inert(ast.NodeTransformer):
         return self.generic_visit(node)
 
     visit_AsyncFunctionDef = visit_FunctionDef
-
-
-_NAMED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler, ast.MatchAs, ast.MatchStar)
 
 
 class _Canonical(ast.NodeTransformer):
@@ -75,7 +72,7 @@ class _Canonical(ast.NodeTransformer):
                 n.arg = spell(n.arg)
             elif isinstance(n, ast.alias):  # only hashed, never run: a consistent spelling is enough
                 n.asname = spell(n.asname)
-            elif isinstance(n, _NAMED) and n is not node:
+            elif isinstance(n, NAMED_NODES) and n is not node:
                 n.name = spell(n.name)
             elif isinstance(n, ast.MatchMapping):
                 n.rest = spell(n.rest)

@@ -69,7 +69,8 @@ nothing, but one that computes its result from its arguments (``x + 1``, ``sum(x
 task's own value off as its own. What a skill reads from the task's namespace is kept out by
 extraction (a skill that reads a task's variable is not saved: ``skills/extract._self_contained``)
 and by the sandbox (modules, functions and ``apis`` are read-only to agent code: ``stores.py``);
-module state set through functions (``random.setstate``) is not. At most ``MAX_ATOMS`` atoms are read from one value and ``MAX_PROVIDED``
+module state set through functions (``random.setstate``) is not. At most ``MAX_ATOMS`` atoms are
+read from one value and ``MAX_PROVIDED``
 remembered in all (past them nothing new is provided: less credit, never more).
 
 This module is imported by the template process: it imports nothing of the project.
@@ -167,22 +168,21 @@ def _walk(value: Any, cut: list[bool] | None = None) -> Iterator[Any]:
             yield v
 
 
+def _is_atom(a: Atom) -> bool:
+    """Whether a scalar ``a`` (``_scalar``) identifies anything inside a value (module docstring)."""
+    kind, v = a
+    if kind == "s":
+        return len(v) >= MIN_CHARS
+    return kind == "n" and (abs(v) >= MIN_INT or not v.is_integer())
+
+
 def atoms(value: Any, whole: bool = False) -> set[Atom]:
     """The atoms inside ``value`` (module docstring); with ``whole``, a scalar ``value`` itself too,
     whatever its size."""
     out: set[Atom] = set()
     if whole and (key := _scalar(value)) is not None:
         out.add(key)
-    for v in _walk(value):
-        if type(v) is str:
-            if MIN_CHARS <= len(v) <= MAX_ATOM_CHARS:
-                out.add(("s", v))
-        elif (
-            type(v) is not bool
-            and (n := _number(v)) is not None
-            and (abs(n) >= MIN_INT or not n.is_integer())
-        ):
-            out.add(("n", n))
+    out.update(a for v in _walk(value) if (a := _scalar(v)) is not None and _is_atom(a))
     return out
 
 
@@ -218,14 +218,16 @@ def _input_atoms(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[set[At
     small ones too, with ``OPAQUE`` when an argument could not be read through), read when the
     call starts."""
     values = [*itertools.islice(args, MAX_ATOMS), *itertools.islice(kwargs.values(), MAX_ATOMS)]
-    inside = atoms(values)
-    whole = inside | {a for v in values if (a := _itself(v)) is not None}
+    inside: set[Atom] = set()
+    whole = {a for v in values if (a := _itself(v)) is not None}
     cut: list[bool] = []
-    for v in _walk(values, cut):
+    for v in _walk(values, cut):  # one walk: this runs at every call of a library skill
         if type(v) not in _PLAIN:
             whole.add(OPAQUE)
         elif (a := _scalar(v)) is not None:
             whole.add(a)
+            if _is_atom(a):
+                inside.add(a)
     if cut:
         whole.add(OPAQUE)
     return inside, whole

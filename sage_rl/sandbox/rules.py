@@ -371,13 +371,10 @@ def _share_what_c_code_fetches(own: dict[str, types.ModuleType], worker: dict[st
 
 
 def agent_builtins(stores: Any) -> dict[str, Any]:
-    """The ``__builtins__`` of the agent's namespace in the worker: the builtins, with ``getattr``,
-    ``hasattr``, ``setattr`` and ``delattr`` refusing the attributes ``refusal`` refuses when written
-    out, ``setattr``/``delattr`` and ``__build_class__`` keeping ``stores`` (a
-    ``stores.StoreGuard``: attribute stores only on the classes agent code defines), and
-    ``__import__`` giving agent code its own copies of the allowed modules (``_private_import``).
-    (The builtins ``refusal`` refuses by name stay: naming them is refused, and without
-    ``__builtins__`` or the ``builtins`` module nothing else reaches them.)"""
+    """The ``__builtins__`` of an agent namespace in the worker: ``getattr``, ``hasattr``, ``setattr``,
+    ``delattr`` refusing what ``refusal`` refuses written out, ``setattr``/``delattr``/``__build_class__``
+    keeping ``stores`` (a ``stores.StoreGuard``), and ``__import__`` giving the namespace its own
+    module copies (``_private_import``). The builtins ``refusal`` refuses by name stay (unreachable)."""
     real_getattr, real_hasattr, real_setattr, real_delattr = getattr, hasattr, setattr, delattr
 
     def guarded_getattr(obj: object, name: str, *default: object) -> Any:

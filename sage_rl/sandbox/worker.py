@@ -19,6 +19,7 @@ import traceback
 from time import monotonic  # bound now: agent code shares the time module (rules._PRIVATE_TOPS)
 from typing import Any, NoReturn
 
+from sage_rl.sandbox.apis import Apis
 from sage_rl.sandbox.protocol import BlockingChannel, encode
 from sage_rl.sandbox.rules import agent_builtins
 from sage_rl.sandbox.stores import share_library_cell
@@ -175,64 +176,6 @@ class Bridge:
 def _short(name: str) -> str:
     """A name as echoed in messages: names longer than 64 characters are cut (the parent refuses them)."""
     return name if len(name) <= 64 else f"{name[:32]}...({len(name)} characters)"
-
-
-class _Api:
-    __slots__ = ("_bridge", "_app", "_api")
-
-    def __init__(self, bridge: Bridge, app: str, api: str) -> None:
-        self._bridge, self._app, self._api = bridge, app, api
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if args:
-            raise TypeError(f"apis.{self._app}.{self._api} takes keyword arguments only, e.g. name=value")
-        return self._bridge.call(self._app, self._api, kwargs)
-
-    def __repr__(self) -> str:
-        return f"<api apis.{self._app}.{self._api}>"
-
-
-class _ReadOnly:
-    """No attributes, whoever sets them (``string.Template.__init__(apis, v)`` is library code)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("apis is read-only")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError("apis is read-only")
-
-
-class _App(_ReadOnly):
-    """``apis.<app>``: its ``<api>`` attributes are made on first use and then cached in the
-    instance dict, so later lookups skip ``__getattr__`` (the API round trip is the hot path)."""
-
-    def __init__(self, bridge: Bridge, app: str) -> None:
-        self.__dict__["_bridge"], self.__dict__["_app"] = bridge, app
-
-    def __getattr__(self, api: str) -> _Api:
-        if api.startswith("__"):
-            raise AttributeError(api)
-        proxy = self.__dict__[api] = _Api(self._bridge, self._app, api)
-        return proxy
-
-    def __repr__(self) -> str:
-        return f"<app apis.{self._app}>"
-
-
-class Apis(_ReadOnly):
-    """``apis.<app>.<api>(**kwargs)``: each call goes to the parent, which owns the world."""
-
-    def __init__(self, bridge: Bridge) -> None:
-        self.__dict__["_bridge"] = bridge
-
-    def __getattr__(self, app: str) -> _App:
-        if app.startswith("__"):
-            raise AttributeError(app)
-        proxy = self.__dict__[app] = _App(self._bridge, app)
-        return proxy
-
-    def __repr__(self) -> str:
-        return "<apis: call apis.<app>.<api>(**kwargs)>"
 
 
 def format_exception(exc: BaseException) -> str:

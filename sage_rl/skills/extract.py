@@ -88,7 +88,7 @@ def extract_skills(
         raise ValueError(f"extract_skills: {len(cells)} cells but {len(origins)} origins")
     lib_names = set(library.names()) | set(library.aliases()) if library is not None else set()
     # the names the library's import lines bind: its cells bind them in every task that loads it
-    lib_imports = {n for s in library or () for line in s.imports for n in bound_names(ast.parse(line))}
+    lib_imports = _import_names(line for s in library or () for line in s.imports)
     cands = candidates(cells, origins, task_success, library.function_nodes() if library is not None else {})
     winners: dict[str, Candidate] = {}
     for c in cands:
@@ -258,8 +258,12 @@ def _self_contained(c: Candidate, functions: set[str]) -> bool:
     reads = global_reads(c.source, c.node.name)
     if reads is None:
         return False
-    imported = {n for line in c.imports for n in bound_names(ast.parse(line))}
-    return reads <= functions | imported | RESERVED_NAMES
+    return reads <= functions | _import_names(c.imports) | RESERVED_NAMES
+
+
+def _import_names(lines: Iterable[str]) -> set[str]:
+    """The names import statements (``import json``, ``from re import sub``) bind."""
+    return {n for line in lines for n in bound_names(ast.parse(line))}
 
 
 def _with_dependencies(winners: dict[str, Candidate], defined: set[str], library: set[str]) -> set[str]:

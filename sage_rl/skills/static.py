@@ -36,7 +36,15 @@ from sage_rl.agent.syntax import CodeError, parse_code
 from sage_rl.skills.record import FunctionNode
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
-_NAMED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler, ast.MatchAs, ast.MatchStar)
+#: Nodes that bind the name in their ``name`` field.
+NAMED_NODES = (
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.ExceptHandler,
+    ast.MatchAs,
+    ast.MatchStar,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -220,7 +228,7 @@ def bound_names(node: ast.AST, deep: bool = True) -> set[str]:
             names.add(n.id)
         elif isinstance(n, ast.Import | ast.ImportFrom):
             names.update((a.asname or a.name).split(".")[0] for a in n.names if a.name != "*")
-        elif isinstance(n, _NAMED) and getattr(n, "name", None):
+        elif isinstance(n, NAMED_NODES) and getattr(n, "name", None):
             names.add(n.name)  # type: ignore[union-attr]
     return names
 
