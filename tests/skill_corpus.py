@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sage_rl.skills.library import Library
-from sage_rl.skills.record import Provenance, Tier, dependencies, function_node, make_skill
+from sage_rl.skills.record import Provenance, Tier, make_skill
+from sage_rl.skills.source import dependencies, function_node
 
 LIBRARY_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
     "find_song": (

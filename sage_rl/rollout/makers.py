@@ -21,7 +21,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable
 
-from sage_rl.skills.record import FunctionNode, Skill, content_hash, function_node
+from sage_rl.skills.record import Skill
+from sage_rl.skills.source import FunctionNode, content_hash, function_node
 from sage_rl.skills.static import NAMED_NODES, local_names
 
 

@@ -26,8 +26,12 @@ paid like a real use. Under ``flow`` a skill's calls must also have an **effect*
   (``checks.normalize``: strings lower-cased, whitespace collapsed, " ." stripped, numeric text as
   its number; numbers rounded to cents, within one cent; a comma-separated text as its parts), so
   ``echo(20)``, ``x.upper()`` or ``x + 0.001`` returned by a skill given ``x`` is not the skill's
-  to provide; a string atom of 4 characters or more also matches inside a longer argument (a
-  message body);
+  to provide; a string atom of 4 characters or more also matches as whole words inside a longer
+  argument (a message body), not inside a credential (an ``access_token`` named after its app);
+- what the task gave a skill, and what the task's own writes put in the world (the scalars of
+  their arguments that no skill provided), is the task's in every later call too: a skill that
+  keeps what it was handed, or reads back a note the task wrote, provides none of it; past
+  ``MAX_PROVIDED`` such values nothing is provided any more (fail closed);
 - the last source of an atom owns it: a read (an API call that changed nothing) made by the task's
   own code takes the atoms of its result (with its length, as for a skill's) for the providers of
   its arguments' atoms (a token, an id a skill returned), and for nobody when it used none. So a
@@ -69,7 +73,9 @@ nothing, but one that computes its result from its arguments (``x + 1``, ``sum(x
 task's own value off as its own. What a skill reads from the task's namespace is kept out by
 extraction (a skill that reads a task's variable is not saved: ``skills/extract._self_contained``)
 and by the sandbox (modules, functions and ``apis`` are read-only to agent code: ``stores.py``);
-module state set through functions (``random.setstate``) is not. At most ``MAX_ATOMS`` atoms are
+module state set through functions (``random.setstate``) is not, nor the state of the C modules
+both namespaces share (``decimal.setcontext``, ``csv.register_dialect``), nor an attribute that an
+allowed module's code stores on an object both share (``string.Template.__init__(ApiError, v)``). At most ``MAX_ATOMS`` atoms are
 read from one value and ``MAX_PROVIDED``
 remembered in all (past them nothing new is provided: less credit, never more).
 
@@ -81,7 +87,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from sage_rl.sandbox.answer_keys import Key, among, keys_of
@@ -95,33 +101,10 @@ MIN_INT = 1000
 SUBSTRING_CHARS = 4
 MAX_ATOM_CHARS = 1000
 MAX_TEXT_CHARS = 20_000  # longer arguments are not searched for provided strings
+CREDENTIALS = ("token", "password")  # arguments so named are not searched for provided strings
 
 Atom = tuple[str, Any]  # ("s", text) | ("n", float) | ("b", bool)
 SkillKey = tuple[str, str]  # (qualified name, origin), as in the call records
-
-
-class WorldChanges:
-    """Numbers an episode's changes of the world, as ``fingerprint()`` (any comparable state; None:
-    the environment cannot tell) tells them apart. Both executors call ``before()`` ahead of each API
-    call and ``after()`` once it succeeded: 0 (it changed nothing), n (the episode's n-th change),
-    or None (no fingerprint). A failed call changes nothing (Dispatch's contract)."""
-
-    def __init__(self, fingerprint: Callable[[], Any] | None) -> None:
-        self.fingerprint, self.count, self._state = fingerprint, 0, None
-
-    def before(self) -> None:
-        if self.fingerprint is not None and self._state is None:
-            self._state = self.fingerprint()
-
-    def after(self) -> int | None:
-        if self.fingerprint is None:
-            return None
-        state, before = self.fingerprint(), self._state
-        self._state = state
-        if state == before:
-            return 0
-        self.count += 1
-        return self.count
 
 
 def _number(v: Any) -> float | None:
@@ -201,9 +184,24 @@ def _result_atoms(value: Any) -> set[Atom]:
     return found
 
 
-def _strings(value: Any) -> list[str]:
-    """The strings inside ``value`` long enough to hold a provided string, for substring matches."""
-    return [v for v in _walk(value) if type(v) is str and SUBSTRING_CHARS < len(v) <= MAX_TEXT_CHARS]
+def _texts(kwargs: Mapping[str, Any]) -> list[str]:
+    """The strings inside a call's arguments long enough to hold a provided string, for substring
+    matches; not inside a credential (``access_token``, ``password``): a skill that returned an app's
+    name (``'music'``) does not serve every call made with a ``music-...`` token."""
+    plain = {k: v for k, v in kwargs.items() if not any(c in str(k).lower() for c in CREDENTIALS)}
+    return [v for v in _walk(plain) if type(v) is str and SUBSTRING_CHARS < len(v) <= MAX_TEXT_CHARS]
+
+
+def _holds(text: str, part: str) -> bool:
+    """Whether ``part`` occurs in ``text`` as whole words: no letter or digit right before or after
+    it (``'Mira'`` in ``'Hi Mira,'``, not in ``'Miranda'``)."""
+    i = text.find(part)
+    while i >= 0:
+        j = i + len(part)
+        if (i == 0 or not text[i - 1].isalnum()) and (j == len(text) or not text[j].isalnum()):
+            return True
+        i = text.find(part, i + 1)
+    return False
 
 
 #: Among a call's inputs: an argument flow cannot see through (a function, the task's object, a
@@ -249,6 +247,7 @@ class FlowTracker:
         self._answer: set[SkillKey] = set()  # the skills the last answer submitted this cell carries
         self.given: set[Atom] = set()  # every input of a skill call so far (``_remember_given``)
         self._given_keys: set[Key] = set()
+        self._given_full = False  # past ``MAX_PROVIDED``: no skill provides anything any more
         # as the bridge and the call stacks are (tracking.py): threads, should agent code ever get
         # them (rules.py refuses `threading` today); no agent code runs under it
         self._lock = threading.Lock()
@@ -292,12 +291,14 @@ class FlowTracker:
         if new and len(self.given) < MAX_PROVIDED:
             self.given |= new
             self._given_keys |= keys_of(new)
+        elif new:  # what it cannot remember any more, a skill could give back: fail closed
+            self._given_full = True
 
     def returned(self, skill: SkillKey, inputs: set[Atom], value: Any, caller: SkillKey | None) -> None:
         """A call of ``skill`` returned ``value``; ``inputs``: what ``inputs`` gave for the call;
         ``caller``: the innermost library skill still open (the skill it served), if any. The
         inputs become keys only when the value holds atoms (a skill in a loop costs little)."""
-        if OPAQUE in inputs:  # ``run(lambda: n)`` returns what the task's code made
+        if OPAQUE in inputs or self._given_full:  # ``run(lambda: n)`` returns what the task's code made
             found: set[Atom] = set()
         else:
             pending = _result_atoms(value) - inputs - self.given  # the inputs' whether keys or not
@@ -342,6 +343,8 @@ class FlowTracker:
             elif wrote:
                 for s in self._served_by([*open_skills, *sources]):
                     self._changes.setdefault(s, set()).add(event)
+                if not open_skills:  # the task's own write: what it put in the world, no skill gave
+                    self._remember_given(_input_atoms((), kwargs)[1] - self.providers.keys())
             elif open_skills:
                 self.served.setdefault(open_skills[-1], set()).update(sources)
             else:
@@ -351,14 +354,14 @@ class FlowTracker:
         out: set[SkillKey] = set()
         for a in args:
             out |= self.providers.get(a, set())
-        texts = _strings(dict(kwargs))
+        texts = _texts(kwargs)
         if texts:
             for (kind, v), who in self.providers.items():
                 if (
                     kind == "s"
                     and len(v) >= SUBSTRING_CHARS
                     and not who <= out
-                    and any(v in t for t in texts)
+                    and any(_holds(t, v) for t in texts)
                 ):
                     out |= who
         return out

@@ -116,7 +116,7 @@ class Sandbox:
         """A session with a fresh worker. ``dispatch`` runs in the parent for each ``apis`` call;
         ``fingerprint()``, where given, tells the world's states apart (equal values: the same
         state), so that each call's reply says whether it changed the world, and which change of
-        the episode it was: 1, 2, ... in order (``flow.WorldChanges``)."""
+        the episode it was: 1, 2, ... in order (``changes.WorldChanges``)."""
         from sage_rl.sandbox.session import Session  # noqa: PLC0415 - session imports this module
 
         if self.isolation is None:

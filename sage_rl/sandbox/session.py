@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sage_rl.sandbox import pauses
+from sage_rl.sandbox.changes import WorldChanges
 from sage_rl.sandbox.channel import WorkerChannel, WorkerHandle
-from sage_rl.sandbox.flow import COMPLETE, WorldChanges
+from sage_rl.sandbox.flow import COMPLETE
 from sage_rl.sandbox.isolation import IsolationReport
 from sage_rl.sandbox.protocol import ProtocolError, encode
 from sage_rl.sandbox.rules import refusal

@@ -242,6 +242,13 @@ def _code_names(code: types.CodeType) -> frozenset[str]:
     return frozenset(out)
 
 
+def by_task(frame: types.FrameType | None) -> bool:
+    """Whether the call made from ``frame`` is the task's: the nearest agent frame out from it is a
+    cell's (or there is none), not a library skill's. A callback the task hands a skill is the
+    task's code: ``call(lambda: box(v))`` gives ``box`` the task's ``v``, as ``box(v)`` does."""
+    return not _is_skill(_made_by(frame, "")[0])
+
+
 def innermost_skill(stack: list[list[Any]]) -> tuple[str, str] | None:
     """The key of the innermost library skill call open on ``stack``, if any."""
     return next((e[2] for e in reversed(stack) if _is_skill(e[1])), None)
@@ -273,7 +280,7 @@ def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., An
         inputs = None
         if skill:  # its default values too: state kept in one (``acc={}``) the task may have filled
             given = (*args, *(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values())
-            inputs = tracker.flow.inputs(key, given, kwargs, innermost_skill(stack) is None)
+            inputs = tracker.flow.inputs(key, given, kwargs, by_task(sys._getframe(1)))
         stack.append([0, origin, key, inputs])
         try:
             value = fn(*args, **kwargs)

@@ -29,14 +29,13 @@ from dataclasses import dataclass
 from sage_rl.skills.library import Library
 from sage_rl.skills.record import (
     RESERVED_NAMES,
-    FunctionNode,
     Provenance,
     Skill,
     SkillError,
     Tier,
-    dependencies,
     make_skill,
 )
+from sage_rl.skills.source import FunctionNode, dependencies
 from sage_rl.skills.static import CallSimulator, bound_names, global_reads, parse_cell
 from sage_rl.text import source_lines
 from sage_rl.types import ExecResult

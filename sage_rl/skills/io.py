@@ -18,7 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sage_rl.skills.record import Skill, SkillError, SkillTextError, check_field, split_definition
+from sage_rl.skills.record import Skill, SkillError, check_field
+from sage_rl.skills.source import SkillTextError, split_definition
 from sage_rl.text import source_lines
 
 HEADER = "# sage-rl skill"

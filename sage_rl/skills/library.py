@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from sage_rl.skills.record import FunctionNode, Skill, function_node
+from sage_rl.skills.record import Skill
+from sage_rl.skills.source import FunctionNode, function_node
 from sage_rl.text import source_lines
 from sage_rl.types import skill_origin
 

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from sage_rl.agent.syntax import CodeError, parse_code
-from sage_rl.skills.record import FunctionNode
+from sage_rl.skills.source import FunctionNode
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 #: Nodes that bind the name in their ``name`` field.

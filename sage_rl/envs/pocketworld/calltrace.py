@@ -18,7 +18,7 @@ from types import FrameType
 from typing import Any
 
 from sage_rl.sandbox.flow import FlowTracker
-from sage_rl.sandbox.tracking import close_call, innermost_skill, record_api_call
+from sage_rl.sandbox.tracking import by_task, close_call, innermost_skill, record_api_call
 from sage_rl.types import SKILL_ORIGIN_PREFIX, CallRecord
 
 AGENT_ORIGINS = ("<cell-", SKILL_ORIGIN_PREFIX)
@@ -69,7 +69,7 @@ class CallTracer:
         # a library skill's arguments, before its body rebinds them; not a generator's (its
         # "return" events are its yields)
         skill = key[1].startswith(SKILL_ORIGIN_PREFIX) and not code.co_flags & _SUSPENDS
-        inputs = flow.inputs(key, *_arguments(frame), innermost_skill(stack) is None) if skill else None
+        inputs = flow.inputs(key, *_arguments(frame), by_task(frame.f_back)) if skill else None
         stack.append([0, code.co_filename, key, inputs])
 
         def local(frame: FrameType, event: str, arg: Any) -> Any:

@@ -95,6 +95,8 @@ def diff(before: Db, after: Db) -> list[Change]:
 
 #: A field (app, table, row key, field name) of the data.
 Field = tuple[str, str, Any, str]
+#: Fields so named hold a time stamp (``created_at``, ``updated_at``, ``sent_at``): ``lasting`` skips them.
+STAMP_SUFFIX = "_at"
 #: What a field of a missing row, or a missing field, holds (equal only to itself).
 ABSENT: Any = object()
 
@@ -121,11 +123,17 @@ def lasting(steps: list[dict[Field, Any]], initial: Db, final: Db) -> tuple[int,
     """Which of an episode's world changes lasted, by their order (1, 2, ...): those that left a
     field holding at the end what the change put there, and not what it held at the start
     (``Outcome.lasting``). ``steps``: ``touched`` of each change. A row created then deleted, a
-    field changed back, or one changed again to something else, is not."""
+    field changed back, or one changed again to something else, is not; nor is a change whose
+    only lasting field is a time stamp (``updated_at``: when, not what; the world's clock does not
+    move within an episode, so a later change of the same row writes the same stamp)."""
     return tuple(
         i
         for i, fields in enumerate(steps, 1)
-        if any((end := _value(final, f)) == left and end != _value(initial, f) for f, left in fields.items())
+        if any(
+            (end := _value(final, f)) == left and end != _value(initial, f)
+            for f, left in fields.items()
+            if not f[3].endswith(STAMP_SUFFIX)
+        )
     )
 
 

@@ -28,7 +28,8 @@ from typing import Protocol
 from sage_rl.envs.pocketworld.api import ApiError
 from sage_rl.envs.pocketworld.calltrace import AGENT_ORIGINS, CallTracer
 from sage_rl.envs.pocketworld.proxy import Apis, Dispatch
-from sage_rl.sandbox.flow import FlowTracker, WorldChanges
+from sage_rl.sandbox.changes import WorldChanges
+from sage_rl.sandbox.flow import FlowTracker
 from sage_rl.sandbox.pool import Fingerprint
 from sage_rl.sandbox.rules import refusal
 from sage_rl.sandbox.stores import StoreGuard, replace_constants, share_library_cell
