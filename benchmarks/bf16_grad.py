@@ -2,7 +2,7 @@
 gradient, against fp32's own noise floor, and the time each takes.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bf16_grad.py [--model PATH] [--tasks 4] [--group 4]
-        [--config configs/laptop_recipe.yaml] [--threads 2] [--seed 0] [--batch-file F]
+        [--config configs/laptop_recipe.yaml] [--threads 2] [--seed 0] [--batch-file F] [key=value ...]
 
 Why: ``trainer.dtype: bfloat16`` made a GRPO step 2.04x faster on a CPU with AVX512-BF16, but on
 ``train_bench.py``'s random-token batch its gradient was far from fp32's (|g_bf16 - g_fp32| / |g_fp32|
@@ -127,10 +127,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=None,
         help="sampled chains kept here (pickle) and reused when present",
     )
+    ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config (agent.max_steps=3)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     over = [f"policy.threads={a.threads}", f"sampling.seed={a.seed}"]
-    cfg = load_config(TrainConfig, Path(a.config), over + ([f"policy.model={a.model}"] if a.model else []))
+    over += [f"policy.model={a.model}"] if a.model else []
+    cfg = load_config(TrainConfig, Path(a.config), over + a.overrides)
     model, tok = load_model(cfg.policy.model)
     model.float()
     t0 = time.perf_counter()
