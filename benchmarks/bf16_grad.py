@@ -43,6 +43,9 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_info, uptime  # noqa: E402
+
 from sage_rl.build import build_policy, build_runner, open_suite
 from sage_rl.config import load_config
 from sage_rl.eval.runner import scenarios_of
@@ -102,19 +105,23 @@ def data_samples(path: Path, tok: Any, count: int, group: int, seed: int, max_le
         out.append(Sample(((task.task_id,), 0), traj, 0.0, 0.0))
     for k in range(0, len(out), group):
         part = out[k : k + group]
-        signs = [1.0, -1.0] * (len(part) // 2) + [0.0] * (len(part) % 2)
-        rng.shuffle(signs)
+        signs = zero_mean_signs(len(part), rng)
         out[k : k + group] = [dataclasses.replace(x, advantage=a) for x, a in zip(part, signs, strict=True)]
     return out
+
+
+def zero_mean_signs(n: int, rng: random.Random) -> list[float]:
+    """``n`` advantages of +-1 (and one 0 when ``n`` is odd) summing to 0, shuffled."""
+    signs = [1.0, -1.0] * (n // 2) + [0.0] * (n % 2)
+    rng.shuffle(signs)
+    return signs
 
 
 def random_advantages(groups: list[list[Any]], cfg: TrainConfig, seed: int) -> list[Sample]:
     """Every sample of the batch, each group's advantages a zero-mean draw of +-1."""
     rng, out = random.Random(seed), []
     for chains in groups:
-        signs = [1.0, -1.0] * (len(chains) // 2) + [0.0] * (len(chains) % 2)
-        rng.shuffle(signs)
-        for sign, chain in zip(signs, chains, strict=True):
+        for sign, chain in zip(zero_mean_signs(len(chains), rng), chains, strict=True):
             s = to_samples([[chain]], cfg.rollout.model_copy(update={"drop_below": None}))
             out += [dataclasses.replace(x, advantage=sign) for x in s]
     return out
@@ -149,6 +156,30 @@ def compare(ref: torch.Tensor, g: torch.Tensor) -> dict[str, float]:
     }
 
 
+def batch(a: argparse.Namespace, cfg: TrainConfig, model: Any, tok: Any) -> tuple[list[Sample], str, list]:
+    """(the samples, how their advantages were made, the sampled groups: none with ``--data``)."""
+    if a.data is not None:
+        return (
+            data_samples(a.data, tok, a.tasks * a.group, a.group, a.seed, a.max_length),
+            "random (SFT data)",
+            [],
+        )
+    if a.batch_file is not None and a.batch_file.is_file():
+        groups = pickle.loads(a.batch_file.read_bytes())
+    else:
+        groups = asyncio.run(sample_groups(cfg, model, tok, a.tasks, a.group))
+        if a.batch_file is not None:
+            a.batch_file.write_bytes(pickle.dumps(groups))
+    samples = to_samples(groups, cfg.rollout)
+    if samples and a.advantages != "random":
+        return samples, "real", groups
+    if a.advantages == "real":
+        raise SystemExit(
+            "no group has a spread of rewards: no real gradient (try --advantages random or an SFT model)"
+        )
+    return random_advantages(groups, cfg, a.seed), "random", groups
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/laptop_recipe.yaml")
@@ -177,24 +208,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model, tok = load_model(cfg.policy.model)
     model.float()
     t0 = time.perf_counter()
-    if a.data is not None:
-        samples = data_samples(a.data, tok, a.tasks * a.group, a.group, a.seed, a.max_length)
-        groups, kind = [], "random (SFT data)"
-    elif a.batch_file is not None and a.batch_file.is_file():
-        groups = pickle.loads(a.batch_file.read_bytes())
-    else:
-        groups = asyncio.run(sample_groups(cfg, model, tok, a.tasks, a.group))
-        if a.batch_file is not None:
-            a.batch_file.write_bytes(pickle.dumps(groups))
-    if a.data is None:
-        samples = to_samples(groups, cfg.rollout)
-        kind = "real" if samples and a.advantages != "random" else "random"
-    if a.data is None and a.advantages == "real" and not samples:
-        raise SystemExit(
-            "no group has a spread of rewards: no real gradient (try --advantages random or an SFT model)"
-        )
-    if a.data is None and kind == "random":
-        samples = random_advantages(groups, cfg, a.seed)
+    samples, kind, groups = batch(a, cfg, model, tok)
+    if not samples:
+        raise SystemExit("no sample has a generated token (with --data: none within --max-length)")
     rewards = [[c.trajectories[0].outcome.score for c in g] for g in groups]
     tokens = sum(
         len(s.trajectory.prompt_ids) + sum(len(t.gen_ids) + len(t.obs_ids) for t in s.trajectory.turns)
@@ -234,12 +250,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "largest_param": biggest,
         "bf16_speedup": round(out["fp32"]["seconds"] / out["bf16"]["seconds"], 2),
         "variants": out,
-        "cpu": Path("/proc/cpuinfo")
-        .read_text()
-        .split("model name")[1]
-        .split("\n")[0]
-        .split(":", 1)[1]
-        .strip(),
+        "cpu": cpu_info(),
+        "load": uptime(),
     }
     print(json.dumps(result, indent=2))
     return result

@@ -75,9 +75,9 @@ extraction (a skill that reads a task's variable is not saved: ``skills/extract.
 and by the sandbox (modules, functions and ``apis`` are read-only to agent code: ``stores.py``);
 module state set through functions (``random.setstate``) is not, nor the state of the C modules
 both namespaces share (``decimal.setcontext``, ``csv.register_dialect``), nor an attribute that an
-allowed module's code stores on an object both share (``string.Template.__init__(ApiError, v)``). At most ``MAX_ATOMS`` atoms are
-read from one value and ``MAX_PROVIDED``
-remembered in all (past them nothing new is provided: less credit, never more).
+allowed module's code stores on an object both share (``string.Template.__init__(ApiError, v)``).
+At most ``MAX_ATOMS`` atoms are read from one value and ``MAX_PROVIDED`` remembered in all (past
+them nothing new is provided: less credit, never more).
 
 This module is imported by the template process: it imports nothing of the project.
 """
@@ -298,7 +298,8 @@ class FlowTracker:
         """A call of ``skill`` returned ``value``; ``inputs``: what ``inputs`` gave for the call;
         ``caller``: the innermost library skill still open (the skill it served), if any. The
         inputs become keys only when the value holds atoms (a skill in a loop costs little)."""
-        if OPAQUE in inputs or self._given_full:  # ``run(lambda: n)`` returns what the task's code made
+        # ``run(lambda: n)`` returns what the task's code made; past the cap, what the task gave is unknown
+        if OPAQUE in inputs or self._given_full:
             found: set[Atom] = set()
         else:
             pending = _result_atoms(value) - inputs - self.given  # the inputs' whether keys or not

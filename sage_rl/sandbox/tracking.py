@@ -246,7 +246,9 @@ def by_task(frame: types.FrameType | None) -> bool:
     """Whether the call made from ``frame`` is the task's: the nearest agent frame out from it is a
     cell's (or there is none), not a library skill's. A callback the task hands a skill is the
     task's code: ``call(lambda: box(v))`` gives ``box`` the task's ``v``, as ``box(v)`` does."""
-    return not _is_skill(_made_by(frame, "")[0])
+    while frame is not None and not frame.f_code.co_filename.startswith(AGENT_PREFIXES):
+        frame = frame.f_back
+    return frame is None or not _is_skill(frame.f_code.co_filename)
 
 
 def innermost_skill(stack: list[list[Any]]) -> tuple[str, str] | None:
