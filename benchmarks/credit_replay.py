@@ -25,13 +25,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rich.progress import Progress
-
 from sage_rl.build import build_runner, open_suite
 from sage_rl.config import load_config
 from sage_rl.envs.pocketworld import tasks
 from sage_rl.policies.base import Completion
 from sage_rl.rollout.batch import chain_rewards
+from sage_rl.runs.console import progress
 from sage_rl.settings import TrainConfig
 from sage_rl.skills import Library
 
@@ -80,7 +79,7 @@ async def replay(chains: list[dict[str, Any]], rules: list[str], config: str) ->
         "mismatched": [],
     }
     rewards: dict[str, list[tuple[float, ...]]] = {}
-    with Progress() as bar:
+    with progress() as bar:  # on stderr: stdout is the JSON
         for rule in rules:
             cfg = load_config(TrainConfig, config, [f"skills.credit={rule}"])
             credited = bonus = 0

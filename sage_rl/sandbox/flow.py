@@ -72,10 +72,12 @@ skill that returns something the checker takes for an argument (``echo(x)``, ``x
 nothing, but one that computes its result from its arguments (``x + 1``, ``sum(xs)``) passes the
 task's own value off as its own. What a skill reads from the task's namespace is kept out by
 extraction (a skill that reads a task's variable is not saved: ``skills/extract._self_contained``)
-and by the sandbox (modules, functions and ``apis`` are read-only to agent code: ``stores.py``);
-module state set through functions (``random.setstate``) is not, nor the state of the C modules
-both namespaces share (``decimal.setcontext``, ``csv.register_dialect``), nor an attribute that an
-allowed module's code stores on an object both share (``string.Template.__init__(ApiError, v)``).
+and by the sandbox (modules, functions and ``apis`` are read-only to agent code: ``stores.py``;
+each namespace has its own module copies, so ``random.setstate`` moves the task's generator only).
+What both namespaces still share, the C modules' state (``decimal.setcontext``,
+``csv.register_dialect``) and the attributes an allowed module's code stores on an object both hold
+(``string.Template.__init__(ApiError, v)``), is watched instead: a skill call that starts after the
+task moved it provides nothing (``shared.py``); the in-process executor shares every module.
 At most ``MAX_ATOMS`` atoms are read from one value and ``MAX_PROVIDED`` remembered in all (past
 them nothing new is provided: less credit, never more).
 
@@ -91,6 +93,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from sage_rl.sandbox.answer_keys import Key, among, keys_of
+from sage_rl.sandbox.shared import SharedState
 
 #: ``supervisor.complete_task``: its ``answer`` is a sink (sage_rl.sandbox.tracking.IDLE_APIS).
 COMPLETE = ("supervisor", "complete_task")
@@ -240,7 +243,7 @@ def input_keys(args: Sequence[Any], kwargs: Mapping[str, Any]) -> set[Key]:
 class FlowTracker:
     """Providers of atoms, what served what, and the effects counted this cell (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared: SharedState | None = None) -> None:
         self.providers: dict[Atom, set[SkillKey]] = {}
         self.served: dict[SkillKey, set[SkillKey]] = {}  # S -> skills whose values S's reads used
         self._changes: dict[SkillKey, set[int]] = {}  # the world changes (events > 0, or 0) this cell
@@ -248,6 +251,8 @@ class FlowTracker:
         self.given: set[Atom] = set()  # every input of a skill call so far (``_remember_given``)
         self._given_keys: set[Key] = set()
         self._given_full = False  # past ``MAX_PROVIDED``: no skill provides anything any more
+        # decimal's context, csv's registry, attributes on shared objects (shared.py), from now on
+        self.shared = shared if shared is not None else SharedState()
         # as the bridge and the call stacks are (tracking.py): threads, should agent code ever get
         # them (rules.py refuses `threading` today); no agent code runs under it
         self._lock = threading.Lock()
@@ -270,8 +275,12 @@ class FlowTracker:
         """A call of ``skill`` starts: the atoms of its arguments, whole (``input_keys``: not the
         skill's to provide), read now (the skill may change a list it was given). The skills that
         provided the atoms inside them serve it. ``by_task``: no library skill made the call (what
-        the task gives a skill is the task's in later calls too: ``_remember_given``)."""
+        the task gives a skill is the task's in later calls too: ``_remember_given``). A call that
+        starts while the shared state has moved (``shared.py``: a stash a skill could read back)
+        provides nothing, as a call given a callback."""
         inside, whole = _input_atoms(args, kwargs)
+        if self.shared.moved():
+            whole.add(OPAQUE)
         with self._lock:
             given = inside & self.providers.keys()
             givers = set().union(*(self.providers[a] for a in given)) - {skill}

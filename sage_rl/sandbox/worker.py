@@ -221,6 +221,7 @@ class Runtime:
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": self.builtins}
         self.namespace["apis"] = Apis(self.bridge)
         self.namespace["ApiError"] = ApiError
+        self.tracker.flow.shared.watch(ApiError)  # both namespaces hold it (shared.py)
         # library cells run apart, with module copies of their own (stores.share_library_cell)
         self.library_builtins = agent_builtins(self.tracker.stores)
         self.library = {**self.namespace, "__builtins__": self.library_builtins}
