@@ -24,7 +24,7 @@ stop that. So agent code is held to a smaller language, checked in two places:
   ``hasattr``, ``setattr`` and ``delattr`` apply the attribute rule to names computed at run time
   (``getattr(apis, '_' + 'bridge')``). The real functions are reachable only through what
   ``refusal`` forbids (``__closure__``, ``__builtins__``, the ``builtins`` module). Its
-  ``__import__`` gives agent code its own copies of the allowed modules (``_private_import``): the
+  ``__import__`` gives agent code its own copies of the allowed modules (``copies.py``): the
   worker's code uses them too, and agent code may assign their public attributes.
 
 This restricts the language with deny lists over a large language and standard library; it is not
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import sys
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -275,106 +274,11 @@ def _checked(name: object, write: bool = False) -> str:
     return name
 
 
-#: Top-level names of the modules agent code gets its own copies of (``_private_import``): the allowed
-#: ones, and ``_collections_abc``, whose classes ``collections.abc`` exposes.
-#: ``time`` is shared: C code (``_datetime``, ``_strptime``) builds the worker's ``time.struct_time``,
-#: and the worker binds the one function it uses (``monotonic``) when it loads.
-_PRIVATE_TOPS = frozenset({m.partition(".")[0] for m in ALLOWED_MODULES} - {"time"} | {"_collections_abc"})
-
-
-def _private(name: str) -> bool:
-    return name.partition(".")[0] in _PRIVATE_TOPS
-
-
-def _private_import() -> Callable[..., Any]:
-    """``__import__`` for agent code: the allowed modules, imported afresh for agent code alone.
-
-    The worker's own code uses the same modules (its ``done`` frame is written by
-    ``json.JSONEncoder``, the tracker calls ``itertools.islice``), and
-    agent code may assign any public attribute: ``json.JSONEncoder.iterencode = forge`` rewrote the
-    call records on their way to the parent. So agent code gets its own module objects, classes
-    and functions: while it imports, ``sys.modules`` holds its copies in place of the worker's (the
-    first import of a module runs the module's code again; later ones are a dict lookup), and what
-    it changes there the worker never runs. C types are shared: they cannot be changed. Other names
-    are imported as before: C code imports by name (``datetime.strptime`` imports ``_strptime``)
-    while agent code runs, and ``refusal`` refuses agent code that names a module not allowed."""
-    real_import = builtins.__import__
-    modules = sys.modules
-    own: dict[str, types.ModuleType] = {}  # this worker's agent copies, by name
-    done: dict[tuple[str, tuple[str, ...]], types.ModuleType] = {}
-
-    def agent_import(
-        name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
-    ) -> types.ModuleType:
-        key = (name, tuple(fromlist or ()))
-        if key in done:
-            return done[key]
-        if level or type(name) is not str or not module_allowed(name):
-            return real_import(name, globals, locals, fromlist, level)
-        saved = {n: m for n, m in modules.items() if _private(n)}
-        try:
-            for n in saved:
-                del modules[n]
-            modules.update(own)
-            module = real_import(name, None, None, key[1], 0)
-            if name.partition(".")[0] == "collections":  # as in any interpreter: collections.abc loaded
-                real_import("collections.abc", None, None, (), 0)
-        finally:
-            # A timeout may interrupt any line here: the two calls below are one step each, so the
-            # worker's modules are back whatever follows, and none of them becomes agent code's.
-            now = dict(modules)
-            modules.update(saved)
-            for n, m in now.items():
-                if _private(n) and m is not saved.get(n):
-                    own[n] = m
-                    if n not in saved:
-                        modules.pop(n, None)
-        _share_what_c_code_fetches(own, modules)
-        done[key] = module
-        return module
-
-    return agent_import
-
-
-#: Classes that C code of a shared extension module fetches by module name when it runs
-#: (``PyImport_Import`` reads the worker's ``sys.modules``): ``_json`` raises
-#: ``json.decoder.JSONDecodeError``, ``_zoneinfo`` (bound to the worker's ``zoneinfo._common`` when
-#: first imported) ``ZoneInfoNotFoundError``. (worker's module, name) -> the agent copies that get it.
-_FETCHED_BY_C = {
-    ("json.decoder", "JSONDecodeError"): ("json", "json.decoder"),
-    ("zoneinfo._common", "ZoneInfoNotFoundError"): ("zoneinfo", "zoneinfo._common"),
-    # _sre runs the worker's re._subx / re._expand for a replacement template (PyImport_Import)
-    ("re", "error"): ("re", "re._constants", "re._parser", "re._compiler"),
-}
-
-
-def _share_what_c_code_fetches(own: dict[str, types.ModuleType], worker: dict[str, Any]) -> None:
-    """The agent's copies hold the worker's objects that C code fetches (``_FETCHED_BY_C``), so that
-    ``except json.JSONDecodeError`` catches what ``_json`` raises; and ``Decimal`` is a
-    ``numbers.Number`` (``_decimal`` registered it once, with the worker's ``numbers``)."""
-    for (module, name), copies in _FETCHED_BY_C.items():
-        value = getattr(worker.get(module), name, None)
-        for copy in copies:
-            if value is not None and copy in own:
-                setattr(own[copy], name, value)
-    # _decimal compares with what is a numbers.Rational of the worker's numbers, and registered its
-    # flags mapping with the worker's collections.abc
-    rational = getattr(worker.get("numbers"), "Rational", None)
-    if rational is not None and "fractions" in own:
-        rational.register(own["fractions"].Fraction)
-    context = getattr(worker.get("_decimal"), "Context", None)
-    if context is not None and "collections.abc" in own:
-        own["collections.abc"].MutableMapping.register(type(context().flags))
-    decimal = getattr(worker.get("_decimal"), "Decimal", None)
-    if decimal is not None and "numbers" in own:
-        own["numbers"].Number.register(decimal)
-
-
-def agent_builtins(stores: Any) -> dict[str, Any]:
+def agent_builtins(stores: Any, agent_import: Callable[..., Any]) -> dict[str, Any]:
     """The ``__builtins__`` of an agent namespace in the worker: ``getattr``, ``hasattr``, ``setattr``,
     ``delattr`` refusing what ``refusal`` refuses written out, ``setattr``/``delattr``/``__build_class__``
     keeping ``stores`` (a ``stores.StoreGuard``), and ``__import__`` giving the namespace its own
-    module copies (``_private_import``). The builtins ``refusal`` refuses by name stay (unreachable)."""
+    module copies (``agent_import``: ``copies.private_import()``). The builtins ``refusal`` refuses by name stay (unreachable)."""
     real_getattr, real_hasattr, real_setattr, real_delattr = getattr, hasattr, setattr, delattr
 
     def guarded_getattr(obj: object, name: str, *default: object) -> Any:
@@ -395,7 +299,7 @@ def agent_builtins(stores: Any) -> dict[str, Any]:
     for fn in (guarded_getattr, guarded_hasattr, guarded_setattr, guarded_delattr):
         fn.__name__ = fn.__qualname__ = fn.__name__.removeprefix("guarded_")
         out[fn.__name__] = fn
-    out["__import__"] = _private_import()
+    out["__import__"] = agent_import
     out["__build_class__"] = stores.build_class
     out["RuleError"] = RuleError
     return out

@@ -3,7 +3,7 @@
 A skill that reads what the task stashed somewhere both can reach returns the task's value as its
 own: ``decimal.setcontext(Context(prec=ANS))`` in the task, ``return getcontext().prec`` in a skill,
 paid the skill bonus (2.0, 2.0) for the task's answer. The task and the library already run with
-Python module copies of their own (``rules._private_import``: random's generator, calendar's first
+Python module copies of their own (``copies.py``: random's generator, calendar's first
 weekday, re's cache are each namespace's), so what is left shared is:
 
 - **decimal's context** (the C module ``_decimal``): the thread's context, read by ``getcontext()``
@@ -13,7 +13,7 @@ weekday, re's cache are each namespace's), so what is left shared is:
   limit;
 - **attributes an allowed module's Python code stores on an object both namespaces hold**
   (``string.Template.__init__(ApiError, ANS)`` sets ``ApiError.template``; agent code's own stores
-  are refused by ``stores.py``): ``time`` (one module for both: ``rules._PRIVATE_TOPS``) and what
+  are refused by ``stores.py``): ``time`` (one module for both: ``copies.PRIVATE_TOPS``) and what
   the worker ``watch``es (``ApiError``).
 
 ``SharedState`` takes their fingerprint when an episode's tracker is made, before any agent code

@@ -16,10 +16,11 @@ import signal
 import sys
 import threading
 import traceback
-from time import monotonic  # bound now: agent code shares the time module (rules._PRIVATE_TOPS)
+from time import monotonic  # bound now: agent code shares the time module (copies.PRIVATE_TOPS)
 from typing import Any, NoReturn
 
 from sage_rl.sandbox.apis import Apis
+from sage_rl.sandbox.copies import private_import
 from sage_rl.sandbox.protocol import BlockingChannel, encode
 from sage_rl.sandbox.rules import agent_builtins
 from sage_rl.sandbox.stores import share_library_cell
@@ -217,13 +218,13 @@ class Runtime:
         self.bridge.on_ok = self.tracker.api_done
         # builtins that keep the rules of rules.py for names computed at run time (issue 30)
         # put back before each cell, whatever the last one bound; attribute stores: stores.py
-        self.builtins = agent_builtins(self.tracker.stores)
+        self.builtins = agent_builtins(self.tracker.stores, private_import())
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": self.builtins}
         self.namespace["apis"] = Apis(self.bridge)
         self.namespace["ApiError"] = ApiError
         self.tracker.flow.shared.watch(ApiError)  # both namespaces hold it (shared.py)
         # library cells run apart, with module copies of their own (stores.share_library_cell)
-        self.library_builtins = agent_builtins(self.tracker.stores)
+        self.library_builtins = agent_builtins(self.tracker.stores, private_import())
         self.library = {**self.namespace, "__builtins__": self.library_builtins}
         signal.signal(signal.SIGALRM, self._on_limit_signal)
         signal.signal(signal.SIGXCPU, self._on_limit_signal)
