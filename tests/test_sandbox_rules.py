@@ -26,6 +26,7 @@ REFUSED = {
     "from . import x": "import from '.' is not allowed",
     "f = lambda: 0\nprint(f.__closure__)": "the attribute '__closure__' is not allowed",
     "print(apis._bridge)": "the attribute '_bridge' is not allowed",
+    "import abc\nn = abc.get_cache_token()": "the attribute 'get_cache_token' is not allowed",
     "def g():\n    yield 1\nprint(g().gi_frame)": "the attribute 'gi_frame' is not allowed",
     "try:\n    1 / 0\nexcept Exception as e:\n    t = e.__traceback__": "the attribute '__traceback__' is not allowed",
     "x = t.tb_next": "the attribute 'tb_next' is not allowed",

@@ -121,10 +121,16 @@ GADGET_ATTRS = frozenset(
     }
 )  # fmt: skip
 
+#: Readers of interpreter-wide counters that agent code can move without storing anything:
+#: ``abc.get_cache_token()`` counts every ``ABC.register`` in the process (``_abc``, one for the task's
+#: and the library's module copies), so a task that registered a class ``n`` times handed a skill
+#: ``n``, a channel ``shared.py`` cannot watch (a first ``import collections`` registers dozens).
+COUNTER_ATTRS = frozenset({"get_cache_token"})
+
 #: Attribute names agent code may not use (besides private ones). The module names are those under
 #: which an allowed module exposes a module that is not allowed (tests/test_sandbox_rules.py checks
 #: this list against the modules themselves on the running Python).
-DENIED_ATTRS = _introspection_attrs() | GADGET_ATTRS | {
+DENIED_ATTRS = _introspection_attrs() | GADGET_ATTRS | COUNTER_ATTRS | {
     "argparse", "binascii", "bltns", "builtins", "codecs", "contextlib", "copyreg", "gc", "inspect", "keyword",
     "operator", "os", "platform", "struct", "sys", "types", "warnings",
 }  # fmt: skip
