@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import decimal
 import string
+import textwrap
 
 import pytest
 from test_reward_credit import chain
@@ -106,13 +107,26 @@ class Holder:
         lambda h: csv.field_size_limit(20),
         lambda h: csv.register_dialect("d20"),
         lambda h: csv.register_dialect("excel", delimiter=";"),
-        lambda h: string.Template.__init__(h, 20),
+        lambda h: textwrap.TextWrapper.__init__(h, width=20),  # new attributes
+        lambda h: string.Template.__init__(h, 20),  # ``template`` was there: a new value
     ],
-    ids=["setcontext", "rounding", "flags", "traps", "template", "limit", "dialect", "excel", "watched"],
+    ids=[
+        "setcontext",
+        "rounding",
+        "flags",
+        "traps",
+        "template",
+        "limit",
+        "dialect",
+        "excel",
+        "watched",
+        "rebound",
+    ],
 )
 def test_each_kind_of_shared_state_moved_is_seen_and_a_call_then_provides_nothing(restored, move):
     default_prec = decimal.DefaultContext.prec
     holder = Holder()
+    holder.template = "$x"
     flow = FlowTracker(SharedState())
     flow.shared.watch(holder)
     key = ("read", "<skill:read>")

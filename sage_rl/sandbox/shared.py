@@ -45,18 +45,11 @@ def _decimal() -> Any:
     return decimal
 
 
-def _settings(context: Any) -> tuple[Any, ...]:
-    return (context.prec, context.rounding, context.Emin, context.Emax, context.capitals, context.clamp)
-
-
-def _signals(mapping: Any) -> tuple[str, ...]:
-    return tuple(sorted(signal.__name__ for signal, on in mapping.items() if on))
-
-
-def _attributes(obj: Any) -> tuple[tuple[str, int], ...]:
-    """``obj``'s own attributes by name and identity (no agent method runs: ``vars`` reads the
-    dict)."""
-    return tuple((name, id(value)) for name, value in vars(obj).items())
+def _attributes(obj: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """``obj``'s own attributes: their names and identities (compared by identity, so no ``__eq__`` of
+    what agent code put there runs)."""
+    own = vars(obj)
+    return tuple(own), tuple(map(id, own.values()))
 
 
 class SharedState:
@@ -83,10 +76,11 @@ class SharedState:
                 (name, x.delimiter, x.quotechar, x.escapechar, x.doublequote, x.skipinitialspace)
                 + (x.lineterminator, x.quoting, x.strict)
             )
-        # the thread's context (agent code runs in the thread that made the tracker) and the templates
+        # the thread's context (agent code runs in the thread that made the tracker) and the templates:
+        # a context's repr is all of it (prec, rounding, Emin, Emax, capitals, clamp, flags, traps)
         contexts = (d.getcontext(), d.DefaultContext, d.BasicContext, d.ExtendedContext)
         return (
-            tuple((_settings(x), _signals(x.traps), _signals(x.flags)) for x in contexts),
+            tuple(map(repr, contexts)),
             tuple(dialects),
             c.field_size_limit(),
             tuple(_attributes(obj) for obj in self._watched),
