@@ -27,6 +27,11 @@ REFUSED = {
     "f = lambda: 0\nprint(f.__closure__)": "the attribute '__closure__' is not allowed",
     "print(apis._bridge)": "the attribute '_bridge' is not allowed",
     "import abc\nn = abc.get_cache_token()": "the attribute 'get_cache_token' is not allowed",
+    "import decimal\ntype(decimal.Context().flags).register(bytes)": "the attribute 'register' is not allowed",
+    "x = ValueError.mro()": "the attribute 'mro' is not allowed",
+    "def f():\n    raise": "a bare 'raise' outside an 'except' block is not allowed",
+    "try:\n    pass\nexcept Exception:\n    def g():\n        raise": "a bare 'raise' outside an 'except' block",
+    "try:\n    pass\nfinally:\n    raise": "a bare 'raise' outside an 'except' block",
     "def g():\n    yield 1\nprint(g().gi_frame)": "the attribute 'gi_frame' is not allowed",
     "try:\n    1 / 0\nexcept Exception as e:\n    t = e.__traceback__": "the attribute '__traceback__' is not allowed",
     "x = t.tb_next": "the attribute 'tb_next' is not allowed",
@@ -82,7 +87,9 @@ ALLOWED = [
     "class A:\n    def __init__(self):\n        super().__init__()\n        self.x = 1\nprint(A.__name__, A.__doc__)",
     "if __name__ == '__main__':\n    print(getattr(apis, 'music'))",
     "for _ in range(3):\n    pass",
-    "print('{0.__class__}'.format(1))",  # a format string: text, not an attribute access
+    "print('{0.__class__}'.format(1))",  # text to the parent (the worker checks it: formats.py)
+    "try:\n    x = 1\nexcept KeyError:\n    raise\nexcept ValueError as e:\n    try:\n        pass\n    except OSError:\n"
+    "        raise\n    raise",  # a bare raise re-raises the block's own exception
     "match p:\n    case Point(x=0, y=y):\n        print(y)\n    case [a, b] | {'k': a}:\n        pass",
     "def deco(f):\n    def g():\n        return f()\n    g.__name__, g.__doc__ = f.__name__, f.__doc__\n    return g",
     "def broken(:\n    pass",  # a syntax error: passed on, the worker reports it

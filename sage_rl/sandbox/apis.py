@@ -1,6 +1,9 @@
 """The agent's ``apis`` object in the worker: ``apis.<app>.<api>(**kwargs)`` is a call through the
-bridge to the parent, which owns the world. ``apis`` and its apps take no attributes: the library's
-code reads them too (``string.Template.__init__(apis, v)`` would otherwise set one).
+bridge to the parent, which owns the world. ``apis`` and its apps take no attributes and keep no
+state: the library's code reads them too (``string.Template.__init__(apis, v)`` would otherwise set
+one, and a cache of the names looked up told a skill's ``dir(apis)`` that the task had read
+``apis.a20``: the review of session 42). Each lookup makes a new proxy (well under a microsecond,
+against an API call's round trip to the parent).
 
 This module is imported by the template process: it imports nothing of the project.
 """
@@ -38,8 +41,7 @@ class _ReadOnly:
 
 
 class _App(_ReadOnly):
-    """``apis.<app>``: its ``<api>`` attributes are made on first use and then cached in the
-    instance dict, so later lookups skip ``__getattr__`` (the API round trip is the hot path)."""
+    """``apis.<app>``: its ``<api>`` attributes are made on each lookup."""
 
     def __init__(self, bridge: Bridge, app: str) -> None:
         self.__dict__["_bridge"], self.__dict__["_app"] = bridge, app
@@ -47,8 +49,7 @@ class _App(_ReadOnly):
     def __getattr__(self, api: str) -> _Api:
         if api.startswith("__"):
             raise AttributeError(api)
-        proxy = self.__dict__[api] = _Api(self._bridge, self._app, api)
-        return proxy
+        return _Api(self._bridge, self._app, api)
 
     def __repr__(self) -> str:
         return f"<app apis.{self._app}>"
@@ -63,8 +64,7 @@ class Apis(_ReadOnly):
     def __getattr__(self, app: str) -> _App:
         if app.startswith("__"):
             raise AttributeError(app)
-        proxy = self.__dict__[app] = _App(self._bridge, app)
-        return proxy
+        return _App(self._bridge, app)
 
     def __repr__(self) -> str:
         return "<apis: call apis.<app>.<api>(**kwargs)>"

@@ -77,7 +77,10 @@ each namespace has its own module copies, so ``random.setstate`` moves the task'
 What both namespaces still share, the C modules' state (``decimal.setcontext``,
 ``csv.register_dialect``) and the attributes an allowed module's code stores on an object both hold
 (``string.Template.__init__(ApiError, v)``), is watched instead: a skill call that starts after the
-task moved it provides nothing (``shared.py``); the in-process executor shares every module.
+task moved it provides nothing (``shared.py``); the in-process executor shares every module. Not
+closed, as covert channels: the clock (a task that waits until ``time.time()`` reads its answer,
+a skill that reads the clock), the stack's depth (``RecursionError`` where the task called the skill
+from), and timing a shared C cache (``zoneinfo.ZoneInfo``'s, ``_strptime``'s).
 At most ``MAX_ATOMS`` atoms are read from one value and ``MAX_PROVIDED`` remembered in all (past
 them nothing new is provided: less credit, never more).
 

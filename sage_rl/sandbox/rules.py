@@ -121,16 +121,18 @@ GADGET_ATTRS = frozenset(
     }
 )  # fmt: skip
 
-#: Readers of interpreter-wide counters that agent code can move without storing anything:
-#: ``abc.get_cache_token()`` counts every ``ABC.register`` in the process (``_abc``, one for the task's
-#: and the library's module copies), so a task that registered a class ``n`` times handed a skill
-#: ``n``, a channel ``shared.py`` cannot watch (a first ``import collections`` registers dozens).
-COUNTER_ATTRS = frozenset({"get_cache_token"})
+#: Ways a task moves, or a skill reads, state both namespaces share that ``shared.py`` cannot watch
+#: (the review of session 42; each paid a skill for the task's answer): ``abc.get_cache_token()``
+#: counts every ``ABC.register`` in the process (one ``_abc`` for both module copies; a first ``import
+#: collections`` registers dozens); ``register`` makes a type a virtual subclass of a shared ABC
+#: (``type(decimal.Context().flags).register(bytes)``, read by ``issubclass``); ``mro`` hands agent
+#: code the worker's own base classes.
+SHARED_ATTRS = frozenset({"get_cache_token", "register", "mro"})
 
 #: Attribute names agent code may not use (besides private ones). The module names are those under
 #: which an allowed module exposes a module that is not allowed (tests/test_sandbox_rules.py checks
 #: this list against the modules themselves on the running Python).
-DENIED_ATTRS = _introspection_attrs() | GADGET_ATTRS | COUNTER_ATTRS | {
+DENIED_ATTRS = _introspection_attrs() | GADGET_ATTRS | SHARED_ATTRS | {
     "argparse", "binascii", "bltns", "builtins", "codecs", "contextlib", "copyreg", "gc", "inspect", "keyword",
     "operator", "os", "platform", "struct", "sys", "types", "warnings",
 }  # fmt: skip
@@ -193,10 +195,33 @@ def refusal(code: str) -> str | None:
         why = _why(node)
         if why is not None:
             found.append((getattr(node, "lineno", 0), getattr(node, "col_offset", 0), why))
+    found += [(n.lineno, n.col_offset, BARE_RAISE) for n in _bare_raises(tree.body, False)]
     if not found:
         return None
     line, _, why = min(found)
     return _refused(line, why)
+
+
+BARE_RAISE = "a bare 'raise' outside an 'except' block is not allowed (raise an exception by name)"
+
+
+def _bare_raises(body: list[ast.AST], handling: bool) -> Iterator[ast.Raise]:
+    """The bare ``raise`` statements not lexically inside an ``except`` block of their own function:
+    such a ``raise`` re-raises whatever exception its caller is handling, so a skill called inside
+    the task's ``except`` read the task's exception (``e.args[0]``: its answer)."""
+    for node in body:
+        if isinstance(node, ast.Raise) and node.exc is None and not handling:
+            yield node
+        for field, value in ast.iter_fields(node):
+            children = value if isinstance(value, list) else [value]
+            inner = handling
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+                inner = False  # a function's body runs wherever it is called from
+            elif isinstance(node, ast.ExceptHandler) and field == "body":
+                inner = True
+            elif isinstance(node, ast.Try | ast.TryStar) and field == "finalbody":
+                inner = False  # after an except block too, and with no exception at all
+            yield from _bare_raises([c for c in children if isinstance(c, ast.AST)], inner)
 
 
 def _refused(line: int | None, why: str) -> str:
@@ -283,11 +308,13 @@ def _checked(name: object, write: bool = False) -> str:
 def agent_builtins(stores: Any, agent_import: Callable[..., Any]) -> dict[str, Any]:
     """The ``__builtins__`` of an agent namespace in the worker: ``getattr``, ``hasattr``, ``setattr``,
     ``delattr`` refusing what ``refusal`` refuses written out, ``setattr``/``delattr``/``__build_class__``
-    keeping ``stores`` (a ``stores.StoreGuard``), and ``__import__`` giving the namespace its own
+    keeping ``stores`` (a ``stores.StoreGuard``; ``getattr(x, 'format')`` as ``stores.formatting``), and ``__import__`` giving the namespace its own
     module copies (``agent_import``: ``copies.private_import()``). The builtins ``refusal`` refuses by name stay (unreachable)."""
     real_getattr, real_hasattr, real_setattr, real_delattr = getattr, hasattr, setattr, delattr
 
     def guarded_getattr(obj: object, name: str, *default: object) -> Any:
+        if name in ("format", "format_map"):  # its fields checked (formats.py)
+            obj = stores.formatting(obj)
         return real_getattr(obj, _checked(name), *default)
 
     def guarded_hasattr(obj: object, name: str) -> bool:

@@ -37,6 +37,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from sage_rl.sandbox.formats import FORMAT_ATTRS, formatting
 from sage_rl.sandbox.rules import RuleError
 
 READ_ONLY = (
@@ -52,12 +53,21 @@ class StoreGuard:
     def __init__(self, agent_code: Callable[[types.CodeType], bool]) -> None:
         self.agent_code = agent_code  # whether a class body's code is agent code
         self.marker = f"\x00sage-store-{secrets.token_hex(8)}\x00"
+        self.format_marker = f"\x00sage-format-{secrets.token_hex(8)}\x00"
         self._classes: dict[int, type] = {}  # by id, the classes kept alive: no agent __eq__ runs
 
     def transform(self, tree: ast.AST) -> ast.AST:
-        """``tree`` with each attribute store's object ``x`` as ``marker.__call__(x)`` (the marker
-        constant is replaced by ``check`` once compiled: ``replace_constants``)."""
-        return ast.fix_missing_locations(_Stores(self.marker).visit(tree))
+        """``tree`` with each attribute store's object ``x`` as ``marker.__call__(x)``, and each
+        ``x.format``/``x.format_map`` as ``format_marker.__call__(x).format`` (the markers are
+        replaced by ``check`` and ``formats.formatting`` once compiled: ``markers``)."""
+        return ast.fix_missing_locations(_Stores(self.marker, self.format_marker).visit(tree))
+
+    formatting = staticmethod(formatting)  # for ``getattr(x, 'format')`` (rules.agent_builtins)
+
+    @property
+    def markers(self) -> dict[str, Any]:
+        """The marker constants of ``transform``'s code and what ``replace_constants`` puts there."""
+        return {self.marker: self.check, self.format_marker: formatting}
 
     def check(self, obj: Any) -> Any:
         """``obj`` when agent code may set its attributes (module docstring); else ``RuleError``."""
@@ -84,16 +94,22 @@ class StoreGuard:
 
 
 class _Stores(ast.NodeTransformer):
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
+    def __init__(self, marker: str, format_marker: str) -> None:
+        self.marker, self.format_marker = marker, format_marker
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
         self.generic_visit(node)
         if isinstance(node.ctx, ast.Store | ast.Del):
-            # ``marker.__call__(x)``: a call of a constant would draw a SyntaxWarning when compiled
-            check = ast.Attribute(value=ast.Constant(self.marker), attr="__call__", ctx=ast.Load())
-            node.value = ast.copy_location(ast.Call(func=check, args=[node.value], keywords=[]), node.value)
+            node.value = _call(self.marker, node.value)
+        elif node.attr in FORMAT_ATTRS:
+            node.value = _call(self.format_marker, node.value)
         return node
+
+
+def _call(marker: str, value: ast.expr) -> ast.expr:
+    """``marker.__call__(value)``: a call of a constant would draw a SyntaxWarning when compiled."""
+    fn = ast.Attribute(value=ast.Constant(marker), attr="__call__", ctx=ast.Load())
+    return ast.copy_location(ast.Call(func=fn, args=[value], keywords=[]), value)
 
 
 def replace_constants(

@@ -39,7 +39,7 @@ import sys
 import textwrap  # noqa: F401
 import typing  # noqa: F401
 
-from sage_rl.sandbox import isolation, memory, readable, seccomp_layer
+from sage_rl.sandbox import isolation, memory, readable, seccomp_layer, shared
 from sage_rl.sandbox.limits import SandboxLimits
 from sage_rl.sandbox.protocol import BlockingChannel
 from sage_rl.sandbox.worker import serve
@@ -126,6 +126,7 @@ def main() -> None:
         _seal_project_imports()
         with contextlib.suppress(ImportError, OSError):
             seccomp_layer.syscall_numbers()  # resolve once; every worker inherits the cache
+        shared.shared_objects()  # the walk of the allowed modules, once: every worker inherits it
         gc.freeze()  # keep the pre-imported heap out of the collector so forks share its pages
         ready = {
             "op": "ready",

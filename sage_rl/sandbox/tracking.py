@@ -143,7 +143,7 @@ class CallTracker:
         ``compile`` does."""
         tree = ast.parse(code, filename=origin, mode="exec")
         tree = self.stores.transform(ast.fix_missing_locations(_Instrument(self._marker).visit(tree)))
-        markers = {self._marker: self.wrap, self.stores.marker: self.stores.check}
+        markers = {self._marker: self.wrap, **self.stores.markers}
         return replace_constants(compile(tree, origin, "exec", dont_inherit=True), markers, self._codes)
 
     def records(self) -> list[list[Any]]:

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from sage_rl.sandbox.apis import Apis
 from sage_rl.sandbox.copies import private_import
 from sage_rl.sandbox.protocol import BlockingChannel, encode
-from sage_rl.sandbox.rules import agent_builtins
+from sage_rl.sandbox.rules import RuleError, agent_builtins
 from sage_rl.sandbox.stores import share_library_cell
 from sage_rl.sandbox.tracking import AGENT_PREFIXES, SKILL_ORIGIN_PREFIX, CallTracker, defined_functions
 
@@ -222,7 +222,10 @@ class Runtime:
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": self.builtins}
         self.namespace["apis"] = Apis(self.bridge)
         self.namespace["ApiError"] = ApiError
-        self.tracker.flow.shared.watch(ApiError)  # both namespaces hold it (shared.py)
+        # both namespaces reach them, by name or by ``type()`` (shared.py)
+        app = self.namespace["apis"].supervisor
+        for cls in (ApiError, CellTimeout, RuleError, Apis, type(app), type(app.show_profile)):
+            self.tracker.flow.shared.watch(cls)
         # library cells run apart, with module copies of their own (stores.share_library_cell)
         self.library_builtins = agent_builtins(self.tracker.stores, private_import())
         self.library = {**self.namespace, "__builtins__": self.library_builtins}

@@ -112,7 +112,7 @@ class InProcessExecutor:
 
     def _compile(self, code: str, origin: str) -> types.CodeType:
         tree = self._stores.transform(ast.parse(code, filename=origin, mode="exec"))
-        return replace_constants(compile(tree, origin, "exec"), {self._stores.marker: self._stores.check}, {})
+        return replace_constants(compile(tree, origin, "exec"), self._stores.markers, {})
 
     async def execute(self, code: str, origin: str) -> ExecResult:
         refused = refusal(code)  # the sandbox's rules, so that both executors show the same observations

@@ -1,0 +1,108 @@
+"""The review of session 42: more places a task stashed its answer for a library skill to read back.
+
+Each chain (as in tests/test_reward_shared.py: task 1 saves a skill that makes an API call and reads
+the place; task 2 stashes its answer, 20, there and submits what the skill returned) paid the skill
+bonus, (2.0, 2.0), before its fix, and pays (1.0, 1.0) now:
+
+- attributes that standard-library code stores on an object both namespaces hold and that nobody
+  watched: a C module's exception class, decimal's signals and flags mapping, the classes of
+  ``apis`` and ``RuleError`` reached through ``type()`` (``shared.shared_objects`` finds the first
+  kind by a walk of the allowed modules; the worker watches the second);
+- the names a task looked up on ``apis``, cached where ``dir(apis)`` showed them (``apis.py``);
+- the exception the task was handling when it called the skill, read through ``str.format``'s
+  field lookups (``formats.py``) or a bare ``raise`` (refused: rules.py);
+- a shared ABC's virtual subclasses (``register`` refused) and the worker's own base classes
+  (``mro`` refused).
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_reward_credit import chain
+
+from sage_rl.sandbox.formats import check_fields
+from sage_rl.sandbox.rules import RuleError
+from sage_rl.sandbox.shared import shared_objects
+
+
+def _template(reader: str, where: str, imports: str) -> tuple[str, str]:
+    """A reader of ``where.template`` and the stash ``string.Template.__init__(where, answer)``."""
+    body = (f"import {imports}\n    " if imports else "") + f"return getattr({where}, 'template', 0)"
+    stash = f"import string{', ' + imports if imports else ''}\nstring.Template.__init__({where}, {{answer}})"
+    return body, stash
+
+
+CASES = {
+    "json_error": _template("json_error", "json.JSONDecodeError", "json"),
+    "signal": _template("signal", "decimal.Inexact", "decimal"),
+    "flags_type": _template("flags_type", "type(decimal.Context().flags)", "decimal"),
+    "app_type": _template("app_type", "type(apis.supervisor)", ""),
+    "wrapper": (
+        "import re\n    return getattr(re.error, 'width', 0)",
+        "import re, textwrap\ntextwrap.TextWrapper.__init__(re.error, width={answer})",
+    ),
+    "rule_error": (
+        "try:\n        getattr(apis, '_x')\n    except Exception as e:\n        return getattr(type(e), 'template', 0)",
+        "import string\ntry:\n    getattr(apis, '_x')\nexcept Exception as e:\n    string.Template.__init__(type(e), {answer})",
+    ),
+    "apis_dir": (
+        "for n in dir(apis):\n        if n[:1] == 'a' and n[1:].isdigit():\n            return int(n[1:])\n    return 0",
+        "apis.a{answer}",
+    ),
+    "handled": (
+        "try:\n        raise KeyError(0)\n    except KeyError as e:\n        try:\n"
+        "            return int('{0.__context__.args[0]}'.format(e))\n        except Exception:\n            return 0",
+        "try:\n    raise ValueError({answer})\nexcept ValueError:\n    r = handled()",
+    ),
+    "registered": (
+        "import decimal\n    s = type(decimal.Context().flags)\n    ts = [bytes, bytearray, complex, frozenset, memoryview]\n"
+        "    return sum(1 << i for i, t in enumerate(ts) if issubclass(t, s))",
+        "import decimal\ns = type(decimal.Context().flags)\nts = [bytes, bytearray, complex, frozenset, memoryview]\n"
+        "for i, t in enumerate(ts):\n    if {answer} >> i & 1:\n        s.register(t)",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_skill_that_reads_back_what_the_task_left_in_a_shared_place_is_not_paid(name):
+    body, stash = CASES[name]
+    first = (
+        f"def {name}():\n    apis.supervisor.show_profile()\n    {body}\n"
+        f"print({name}())\napis.supervisor.complete_task(answer={{answer}})"
+    )
+    got = "r" if "r = " in stash else f"{name}()"
+    # the task submits its own answer when the skill no longer reads it back (so that it succeeds)
+    submit = f"v = {got}\napis.supervisor.complete_task(answer=v if v == {{answer}} else {{answer}})"
+    c, r = chain(f"{stash}\n{submit}", "flow", first=first)
+    assert c.trajectories[0].skills_saved == (name,)
+    assert c.trajectories[1].skills_used == () and r == (1.0, 1.0)
+
+
+def test_the_walk_finds_what_both_module_copies_hold():
+    import json
+    import re
+    import time
+
+    names = {getattr(o, "__qualname__", "") for o in shared_objects()}
+    assert {"JSONDecodeError", "error", "Inexact", "struct_time", "SignalDict"} <= names
+    found = {id(o) for o in shared_objects()}
+    assert {id(json.JSONDecodeError), id(re.error), id(time)} <= found
+    assert id(json) not in found and id(re) not in found  # each namespace's own copies
+
+
+@pytest.mark.parametrize(
+    ("fmt", "refused"),
+    [
+        ("{0.__globals__}", "__globals__"),
+        ("{0:{1.__class__}}", "__class__"),  # a field nested in a format spec
+        ("{x._bridge}", "_bridge"),
+        ("{0.real} {0[__dict__]} {a.b} {0!r:>{1}}", None),  # items are looked up as x[key]
+        ("{0.", None),  # str.format's own error, not ours
+    ],
+)
+def test_a_format_strings_fields_keep_the_attribute_rule(fmt, refused):
+    if refused is None:
+        check_fields(fmt)
+    else:
+        with pytest.raises(RuleError, match=refused):
+            check_fields(fmt)
