@@ -12,8 +12,8 @@ same source in the cell), their ``ratio_skill_over_cell``, and the per-call ``sk
 Medians over ``--reps`` fresh sessions. Session 39: 2.53 s for 300 calls over 1,000 rows when every
 argument atom was normalised per call, 1.09 s with the keys memoised and built only when the value
 holds atoms, 0.55 s before the argument rule (docs/LOG.md). Session 42's check of the shared state
-(``sandbox/shared.py``) at each call's start: 71-100 -> 91-132 us a call (``--rows 10 --calls 3000``,
-old and new tree interleaved beside an experiment).
+(``sandbox/shared.py``) at each call's start was not measurable here (``--rows 10 --calls 3000``: about
+100 us a call with it and without it, beside an experiment).
 """
 
 from __future__ import annotations
