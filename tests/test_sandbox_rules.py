@@ -29,6 +29,7 @@ REFUSED = {
     "import abc\nn = abc.get_cache_token()": "the attribute 'get_cache_token' is not allowed",
     "import decimal\ntype(decimal.Context().flags).register(bytes)": "the attribute 'register' is not allowed",
     "x = ValueError.mro()": "the attribute 'mro' is not allowed",
+    "from collections import UserString": "importing 'UserString' from 'collections' is not allowed",
     "def f():\n    raise": "a bare 'raise' outside an 'except' block is not allowed",
     "try:\n    pass\nexcept Exception:\n    def g():\n        raise": "a bare 'raise' outside an 'except' block",
     "try:\n    pass\nfinally:\n    raise": "a bare 'raise' outside an 'except' block",

@@ -117,6 +117,7 @@ GADGET_ATTRS = frozenset(
         "cached_property",  # functools: reads and writes instance.__dict__[attrname], any attrname
         "global_enum",  # enum: sys.modules[cls.__module__].__dict__.update(cls.__members__)
         "UserDict",  # collections: UserDict.copy() runs copy.copy (why copy is not allowed: above)
+        "UserString",  # collections: its format() runs str.format on its data in stdlib code (formats.py)
         "obj",  # AttributeError.obj: what a failed lookup ran on ('{0._x.y}'.format(o) looks up _x)
     }
 )  # fmt: skip
