@@ -95,7 +95,7 @@ def _proc_kb(pid: int, path: str, key: str) -> float:
 # Cost of call tracking: an agent function (wrapped) vs the same function compiled as non-agent code.
 TRACKING = (
     "import time\ndef f(x):\n    return x\n"
-    "g = eval(compile('lambda x: x', 'plain', 'eval'))\n"
+    "g = lambda x: x\n"  # lambdas are not tracked (eval, refused since issue 30, made one before)
     "def per_call(fn):\n    t = time.perf_counter()\n    for i in range(100_000):\n        fn(i)\n"
     "    return (time.perf_counter() - t) / 100_000 * 1e9\n"
     "print(per_call(f) - per_call(g))"
