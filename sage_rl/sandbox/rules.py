@@ -148,11 +148,11 @@ RULE = (
     "agent code may import only these modules: {modules}; it may not use attributes whose names "
     "start with '_' (other than __init__, __name__, __doc__; __init__ may not be assigned) or frame, "
     "traceback, generator, coroutine or code attributes, nor {denied}, nor positional patterns in a "
-    "class pattern (case C(x=p), not case C(p)), nor eval, exec, compile, globals, locals, vars, "
-    "open, input, help or breakpoint"
+    "class pattern (case C(x=p), not case C(p)), nor a bare raise outside an except block, nor eval, "
+    "exec, compile, globals, locals, vars, open, input, help or breakpoint"
 ).format(
     modules=", ".join(sorted(ALLOWED_MODULES)),
-    denied=", ".join(sorted(GADGET_ATTRS)),
+    denied=", ".join(sorted(GADGET_ATTRS | SHARED_ATTRS)),
 )
 
 
