@@ -69,6 +69,7 @@ def test_a_skill_is_paid_after_the_task_used_decimal_and_csv_without_moving_thei
         "import csv, decimal, string\nrows = list(csv.reader(['a,b']))\n"
         "with decimal.localcontext(prec=5):\n    x = decimal.Decimal(1) / 3\n"
         "s = string.Template('$x').substitute(x=1)\n"
+        "import datetime\nd = datetime.datetime.strptime('2024-01-02', '%Y-%m-%d')\n"  # _strptime's tzset
     )
     c, r = chain(used + "apis.supervisor.complete_task(answer=twenty())", "flow", first=first("twenty"))
     assert c.trajectories[1].skills_used == ("twenty",) and r == (2.0, 2.0)

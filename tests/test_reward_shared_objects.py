@@ -17,6 +17,8 @@ bonus, (2.0, 2.0), before its fix, and pays (1.0, 1.0) now:
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from test_reward_credit import chain
 
@@ -53,6 +55,41 @@ CASES = {
         "try:\n        raise KeyError(0)\n    except KeyError as e:\n        try:\n"
         "            return int('{0.__context__.args[0]}'.format(e))\n        except Exception:\n            return 0",
         "try:\n    raise ValueError({answer})\nexcept ValueError:\n    r = handled()",
+    ),
+    # the second review (helper-24) of the fixes above: each of these paid (2.0, 2.0) after them
+    "context_subclass": (
+        "import decimal\n    return getattr(decimal.getcontext(), 'v', 0)",
+        "import decimal\nclass C(decimal.Context):\n    pass\nc = C()\nc.v = {answer}\ndecimal.setcontext(c)",
+    ),
+    "zone_key": (  # the C ZoneInfo's one cache held the task's key object
+        "import zoneinfo\n    return getattr(zoneinfo.ZoneInfo('Pacific/Chatham').key, 'v', 0)",
+        "import zoneinfo\nclass K(str):\n    pass\nk = K('Pacific/Chatham')\nk.v = {answer}\nz = zoneinfo.ZoneInfo(k)",
+    ),
+    "zone_eq": (  # ... and ran the task's __eq__ inside the skill's call
+        "import zoneinfo, decimal\n    zoneinfo.ZoneInfo('UTC')\n    return decimal.getcontext().prec",
+        "import zoneinfo, decimal\narmed = []\nK = type('K', (str,), {'__eq__': lambda s, o: bool(armed) and "
+        "decimal.setcontext(decimal.Context(prec={answer})), '__hash__': lambda s: 1})\n"
+        "zoneinfo.ZoneInfo(K('Pacific/Chatham'))\narmed.append(1)",
+    ),
+    "finalizer": (  # the collector ran the task's __del__ inside the skill's call
+        "xs = [[i] for i in range(3000)]\n    import decimal\n    return decimal.getcontext().prec",
+        "import decimal\nfired = []\nclass P:\n    def __del__(self):\n        fired.append(1)\n"
+        "class S:\n    def __del__(self):\n        decimal.setcontext(decimal.Context(prec={answer}))\n"
+        "while not fired:\n    p = P()\n    p.me = p\n    del p\ns = S()\ns.me = s\ndel s",
+    ),
+    "finalizer_undone": (  # lambdas as finalizers, the context put back before the skill returned
+        "xs = [[i] for i in range(1000)]\n    import decimal\n    p = decimal.getcontext().prec\n"
+        "    ys = [[i] for i in range(3000)]\n    return p",
+        "import decimal\norig = decimal.getcontext()\nfired = []\nclass H:\n    pass\ndef mk(fin):\n"
+        "    h = H()\n    h.me = h\n    h.f = type('F', (), {'__del__': fin})()\nP = lambda self: fired.append(1)\n"
+        "R = lambda self: decimal.setcontext(orig)\n"
+        "S = lambda self: (decimal.setcontext(decimal.Context(prec={answer})), mk(R))\nwhile not fired:\n"
+        "    mk(P)\nmk(S)",
+    ),
+    "format_subclass": (  # S.format(fmt, e) with class S(str): the real str.format
+        "class S(str):\n        pass\n    try:\n        raise KeyError(0)\n    except KeyError as e:\n        try:\n"
+        "            return int(S.format('{0.__context__.args[0]}', e))\n        except Exception:\n            return 0",
+        "try:\n    raise ValueError({answer})\nexcept ValueError:\n    r = format_subclass()",
     ),
     "registered": (
         "import decimal\n    s = type(decimal.Context().flags)\n    ts = [bytes, bytearray, complex, frozenset, memoryview]\n"
@@ -106,3 +143,31 @@ def test_a_format_strings_fields_keep_the_attribute_rule(fmt, refused):
     else:
         with pytest.raises(RuleError, match=refused):
             check_fields(fmt)
+
+
+def _compiled(tracker, code: str, origin: str, namespace: dict) -> dict:
+    exec(tracker.compile(code, origin), namespace)  # noqa: S102 - the test's own code, compiled as agent code
+    return namespace
+
+
+@pytest.mark.parametrize("hook", ["def hook():\n    return 1", "hook = lambda: 1"], ids=["def", "lambda"])
+def test_the_tasks_code_run_inside_a_skills_call_leaves_it_providing_nothing(hook):
+    """By hand: a skill that runs a function of a cell (as C code runs a task's ``__eq__``, or the
+    collector its ``__del__``) provides nothing; one that runs none does."""
+    from sage_rl.sandbox.tracking import CallTracker
+
+    tracker = CallTracker()
+    cell = _compiled(tracker, hook, "<cell-0>", {})
+    skills = _compiled(tracker, "def plain():\n    return 'fresh one'\ndef runs():\n    hook()\n    return 'fresh two'",
+                       "<skill:s>", {"hook": cell["hook"]})  # fmt: skip
+    skills["plain"](), skills["runs"]()
+    provided = {a[1] for a in tracker.flow.providers}
+    assert "fresh one" in provided and "fresh two" not in provided
+
+
+def test_no_collection_runs_inside_a_skills_call():
+    from sage_rl.sandbox.tracking import CallTracker
+
+    tracker = CallTracker()
+    skills = _compiled(tracker, "import gc\ndef inside():\n    return gc.isenabled()", "<skill:s>", {})
+    assert gc.isenabled() and skills["inside"]() is False and gc.isenabled()

@@ -58,10 +58,12 @@ def private_import() -> Callable[..., Any]:
         if level or type(name) is not str or not module_allowed(name):
             return real_import(name, globals, locals, fromlist, level)
         saved = {n: m for n, m in modules.items() if _private(n)}
+        hidden = {n: modules.get(n) for n in PYTHON_ONLY}
         try:
             for n in saved:
                 del modules[n]
             modules.update(own)
+            modules.update(dict.fromkeys(PYTHON_ONLY))  # None: the import falls back to Python code
             module = real_import(name, None, None, key[1], 0)
             if name.partition(".")[0] == "collections":  # as in any interpreter: collections.abc loaded
                 real_import("collections.abc", None, None, (), 0)
@@ -70,6 +72,11 @@ def private_import() -> Callable[..., Any]:
             # worker's modules are back whatever follows, and none of them becomes agent code's.
             now = dict(modules)
             modules.update(saved)
+            for n, m in hidden.items():
+                if m is None:
+                    modules.pop(n, None)
+                else:
+                    modules[n] = m
             for n, m in now.items():
                 if _private(n) and m is not saved.get(n):
                     own[n] = m
@@ -82,13 +89,17 @@ def private_import() -> Callable[..., Any]:
     return agent_import
 
 
+#: C modules agent code's copies do without (the module falls back to its Python code, whose state
+#: is then each copy's): ``_zoneinfo``'s ``ZoneInfo`` keeps one cache for every copy, holding the
+#: key object a task passed (a ``str`` subclass with an attribute, or an ``__eq__`` that the cache
+#: ran inside a skill's call: the review of session 42).
+PYTHON_ONLY = ("_zoneinfo",)
+
 #: Classes that C code of a shared extension module fetches by module name when it runs
 #: (``PyImport_Import`` reads the worker's ``sys.modules``): ``_json`` raises
-#: ``json.decoder.JSONDecodeError``, ``_zoneinfo`` (bound to the worker's ``zoneinfo._common`` when
-#: first imported) ``ZoneInfoNotFoundError``. (worker's module, name) -> the agent copies that get it.
+#: ``json.decoder.JSONDecodeError``. (worker's module, name) -> the agent copies that get it.
 _FETCHED_BY_C = {
     ("json.decoder", "JSONDecodeError"): ("json", "json.decoder"),
-    ("zoneinfo._common", "ZoneInfoNotFoundError"): ("zoneinfo", "zoneinfo._common"),
     # _sre runs the worker's re._subx / re._expand for a replacement template (PyImport_Import)
     ("re", "error"): ("re", "re._constants", "re._parser", "re._compiler"),
 }

@@ -6,7 +6,7 @@ library's namespace, and ``'{0.__context__.args[0]}'.format(e)`` in a skill read
 task was handling when it called the skill (its answer: the review of session 42). So every
 ``x.format`` and ``x.format_map`` in agent code is compiled as ``formatting(x).format``
 (``stores.StoreGuard.transform``; ``getattr(x, 'format')`` too: ``rules.agent_builtins``): for a
-``str`` (or ``super()`` of one, or the type ``str`` itself) that is an object whose ``format`` and
+``str`` (or ``super()`` of one, or the type ``str`` or a subclass of it) that is an object whose ``format`` and
 ``format_map`` first check every field of the format string, nested ones in format specs included,
 and raise ``RuleError`` for an attribute agent code may not name; anything else is ``x`` itself.
 Items (``{0[key]}``) are looked up as ``x[key]`` is, and stay allowed.
@@ -74,10 +74,18 @@ class _Checked:
 
 def formatting(obj: Any) -> Any:
     """What ``obj.format`` is looked up on, for agent code (module docstring)."""
-    if obj is str:
+    if isinstance(obj, super):  # super().format in a str subclass, super(S, S).format: str's own
+        target, own = obj.__self__, True
+    else:  # a subclass that defines format or format_map keeps its own (its code is transformed too)
+        target = obj
+        cls = obj if isinstance(obj, type) else type(obj)
+        own = (
+            getattr(cls, "format", None) is str.format and getattr(cls, "format_map", None) is str.format_map
+        )
+    if not own:
+        return obj
+    if isinstance(target, type) and issubclass(target, str):  # str.format(fmt, ...), S.format(fmt, ...)
         return _Checked(None)
-    if isinstance(obj, str):
-        return _Checked(obj)
-    if isinstance(obj, super) and isinstance(obj.__self__, str):  # super().format in a str subclass
-        return _Checked(obj.__self__)
+    if isinstance(target, str):
+        return _Checked(target)
     return obj

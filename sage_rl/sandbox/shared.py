@@ -156,6 +156,7 @@ class SharedState:
         contexts = (d.getcontext(), d.DefaultContext, d.BasicContext, d.ExtendedContext)
         return (
             tuple(map(repr, contexts)),
+            tuple((id(x), type(x)) for x in contexts),  # a subclass's context repr()s as a plain one
             tuple(dialects),
             c.field_size_limit(),
             tuple(map(_state, self._watched)),

@@ -20,7 +20,7 @@ import ast  # noqa: F401
 import collections  # noqa: F401
 import contextlib
 import dataclasses  # noqa: F401
-import datetime  # noqa: F401
+import datetime
 import encodings.idna  # noqa: F401 - socket calls encode host names first; keep the guard's message first
 import functools  # noqa: F401
 import gc
@@ -127,6 +127,9 @@ def main() -> None:
         with contextlib.suppress(ImportError, OSError):
             seccomp_layer.syscall_numbers()  # resolve once; every worker inherits the cache
         shared.shared_objects()  # the walk of the allowed modules, once: every worker inherits it
+        # _strptime (the worker's: C code imports it by name) set up once, with its time.tzset(), so that
+        # a task's first strptime does not move the shared state (shared.py) and void later credit
+        datetime.datetime.strptime("2000", "%Y")
         gc.freeze()  # keep the pre-imported heap out of the collector so forks share its pages
         ready = {
             "op": "ready",

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import gc
 import inspect
 import secrets
 import sys
@@ -63,7 +64,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from sage_rl.sandbox.flow import FlowTracker
+from sage_rl.sandbox.flow import OPAQUE, FlowTracker
 from sage_rl.sandbox.stores import StoreGuard, replace_constants
 
 #: Filename prefix of a library skill's code (equal to ``sage_rl.types.SKILL_ORIGIN_PREFIX``; not
@@ -88,10 +89,16 @@ def does_work(app: str, api: str) -> bool:
 
 class _Instrument(ast.NodeTransformer):
     """Append ``marker`` (a string constant, replaced by ``wrap`` after compiling) as the innermost
-    decorator of every def."""
+    decorator of every def, and make each lambda ``lambda_marker.__call__(lambda ...)`` (replaced by
+    ``watch_lambda``)."""
 
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
+    def __init__(self, marker: str, lambda_marker: str) -> None:
+        self.marker, self.lambda_marker = marker, lambda_marker
+
+    def visit_Lambda(self, node: ast.Lambda) -> ast.AST:
+        self.generic_visit(node)
+        fn = ast.Attribute(value=ast.Constant(self.lambda_marker), attr="__call__", ctx=ast.Load())
+        return ast.copy_location(ast.Call(func=fn, args=[node], keywords=[]), node)
 
     def _decorate(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
         self.generic_visit(node)
@@ -105,10 +112,13 @@ class _Instrument(ast.NodeTransformer):
 class _OpenCalls(threading.local):
     """Per thread: one ``[count, origin, key, inputs]`` entry per running call of a tracked plain
     function, innermost last; ``count`` is the successful API calls made inside that call so far,
-    ``inputs`` what ``flow.inputs`` gave for a library skill's call (None for others)."""
+    ``inputs`` what ``flow.inputs`` gave for a library skill's call (None for others); ``skills``:
+    the inputs of the library skills' calls among them, so that ``task_code_ran`` costs nothing
+    per call of the task's own functions however deep they recurse."""
 
     def __init__(self) -> None:
         self.stack: list[list[Any]] = []
+        self.skills: list[set[Any]] = []
 
 
 class CallTracker:
@@ -121,6 +131,7 @@ class CallTracker:
         self.flow = FlowTracker()  # across cells: a value returned in one cell may be used in the next
         # Unguessable, so no string literal of agent code can collide with it.
         self._marker = f"\x00sage-track-{secrets.token_hex(8)}\x00"
+        self._lambda_marker = f"\x00sage-lambda-{secrets.token_hex(8)}\x00"
         self._codes: dict[int, types.CodeType] = {}  # id -> code object compiled here (kept alive)
         self.stores = StoreGuard(lambda code: self._codes.get(id(code)) is code)  # attribute stores
 
@@ -142,8 +153,9 @@ class CallTracker:
         """Compile agent code as ``origin`` with call tracking. Raises SyntaxError/ValueError as
         ``compile`` does."""
         tree = ast.parse(code, filename=origin, mode="exec")
-        tree = self.stores.transform(ast.fix_missing_locations(_Instrument(self._marker).visit(tree)))
-        markers = {self._marker: self.wrap, **self.stores.markers}
+        tree = _Instrument(self._marker, self._lambda_marker).visit(tree)
+        tree = self.stores.transform(ast.fix_missing_locations(tree))
+        markers = {self._marker: self.wrap, self._lambda_marker: self.watch_lambda, **self.stores.markers}
         return replace_constants(compile(tree, origin, "exec", dont_inherit=True), markers, self._codes)
 
     def records(self) -> list[list[Any]]:
@@ -170,6 +182,30 @@ class CallTracker:
         else:
             wrapper = _wrap_plain(self, key, fn)
         return functools.update_wrapper(wrapper, fn)
+
+    def watch_lambda(self, fn: Any) -> Any:
+        """A lambda of a cell, wrapped so that its calls inside a library skill's call are seen
+        (``task_code_ran``); a skill's own lambdas, and anything not compiled here, unchanged."""
+        code = getattr(fn, "__code__", None)
+        if code is None or self._codes.get(id(code)) is not code or _is_skill(code.co_filename):
+            return fn
+
+        def task_lambda(*args: Any, **kwargs: Any) -> Any:
+            if self.open.skills:
+                task_code_ran(self.open.skills)
+            return fn(*args, **kwargs)
+
+        return functools.update_wrapper(task_lambda, fn)
+
+
+def task_code_ran(skills: list[set[Any]]) -> None:
+    """The task's own code runs while library skills' calls are open (``skills``: their inputs): a finalizer, an
+    ``__eq__`` that C code called, a callback. What those calls return is then no skill's to
+    provide (``flow.OPAQUE``, as for a call given a callback): the task's code could have put its
+    own value where the skill reads (the review of session 42: a ``__del__`` run by the collector
+    inside the skill set decimal's context to the answer)."""
+    for inputs in skills:
+        inputs.add(OPAQUE)
 
 
 def _counter(tracker: CallTracker, key: tuple[str, str]) -> list[int]:
@@ -278,11 +314,20 @@ def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., An
         if n is None:
             n = counts[key] = [0, 0, 0]
         n[0] += 1
-        stack = tracker.open.stack
+        open_calls = tracker.open
+        stack, skills = open_calls.stack, open_calls.skills
         inputs = None
+        collect = False
         if skill:  # its default values too: state kept in one (``acc={}``) the task may have filled
             given = (*args, *(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values())
             inputs = tracker.flow.inputs(key, given, kwargs, by_task(sys._getframe(1)))
+            # no collection (and no finalizer of the task's it would run) inside a skill's call
+            collect = not skills and gc.isenabled()
+            if collect:
+                gc.disable()
+            skills.append(inputs)
+        elif skills:
+            task_code_ran(skills)
         stack.append([0, origin, key, inputs])
         try:
             value = fn(*args, **kwargs)
@@ -290,6 +335,11 @@ def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., An
             n[1] += 1
             close_call(stack)
             raise
+        finally:
+            if skill:
+                skills.pop()
+                if collect:
+                    gc.enable()
         if close_call(stack):
             n[2] += 1
         if inputs is not None:
@@ -302,6 +352,8 @@ def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., An
 def _wrap_generator(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., Any]) -> Callable[..., Any]:
     def tracked(*args: Any, **kwargs: Any) -> Any:
         n = _counter(tracker, key)
+        if tracker.open.skills and not _is_skill(key[1]):
+            task_code_ran(tracker.open.skills)
         try:
             return (yield from fn(*args, **kwargs))
         except BaseException:
@@ -314,6 +366,8 @@ def _wrap_generator(tracker: CallTracker, key: tuple[str, str], fn: Callable[...
 def _wrap_async(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., Any]) -> Callable[..., Any]:
     async def tracked(*args: Any, **kwargs: Any) -> Any:
         n = _counter(tracker, key)
+        if tracker.open.skills and not _is_skill(key[1]):
+            task_code_ran(tracker.open.skills)
         try:
             return await fn(*args, **kwargs)
         except BaseException:

@@ -18,7 +18,7 @@ from types import FrameType
 from typing import Any
 
 from sage_rl.sandbox.flow import FlowTracker
-from sage_rl.sandbox.tracking import by_task, close_call, innermost_skill, record_api_call
+from sage_rl.sandbox.tracking import by_task, close_call, innermost_skill, record_api_call, task_code_ran
 from sage_rl.types import SKILL_ORIGIN_PREFIX, CallRecord
 
 AGENT_ORIGINS = ("<cell-", SKILL_ORIGIN_PREFIX)
@@ -33,6 +33,7 @@ class CallTracer:
         self._previous: Any = None
         # [successful API calls, origin, (name, origin), inputs] per running agent call (tracking.py)
         self._open: list[list[Any]] = []
+        self._skills: list[set[Any]] = []  # the inputs of the library skills' calls open (tracking.py)
         self.flow = flow if flow is not None else FlowTracker()
 
     def __enter__(self) -> CallTracer:
@@ -57,6 +58,8 @@ class CallTracer:
 
     def _on_call(self, frame: FrameType, event: str, arg: Any) -> Any:
         code = frame.f_code
+        if event == "call" and self._skills and code.co_filename.startswith("<cell-"):
+            task_code_ran(self._skills)  # the task's code inside a skill's call (tracking.py)
         # <module>, <lambda>, <listcomp>, <genexpr>: not functions the agent named
         if event != "call" or code.co_name.startswith("<") or not code.co_filename.startswith(AGENT_ORIGINS):
             return None
@@ -71,6 +74,8 @@ class CallTracer:
         skill = key[1].startswith(SKILL_ORIGIN_PREFIX) and not code.co_flags & _SUSPENDS
         inputs = flow.inputs(key, *_arguments(frame), by_task(frame.f_back)) if skill else None
         stack.append([0, code.co_filename, key, inputs])
+        if inputs is not None:
+            self._skills.append(inputs)
 
         def local(frame: FrameType, event: str, arg: Any) -> Any:
             nonlocal raised
@@ -78,7 +83,9 @@ class CallTracer:
                 raised = True
             elif event == "line":
                 raised = False
-            elif event == "return":
+            elif event == "return":  # also when an exception leaves the frame
+                if inputs is not None:
+                    self._skills.pop()
                 made = close_call(stack)
                 if raised:
                     record[1] += 1
