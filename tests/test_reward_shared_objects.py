@@ -91,6 +91,13 @@ CASES = {
         "            return int(S.format('{0.__context__.args[0]}', e))\n        except Exception:\n            return 0",
         "try:\n    raise ValueError({answer})\nexcept ValueError:\n    r = format_subclass()",
     ),
+    # the third review: the interpreter's one table of interned strings (the task's literal 'z1020')
+    "interned": (
+        "class A:\n        pass\n    for i in range(1000, 1100):\n        s = 'z' + str(i)\n        a = A()\n"
+        "        setattr(a, s, 1)\n        if [n for n in dir(a) if n == s][0] is not s:\n            return i - 1000\n"
+        "    return 0",
+        "x = 'z10{answer}'",
+    ),
     "registered": (
         "import decimal\n    s = type(decimal.Context().flags)\n    ts = [bytes, bytearray, complex, frozenset, memoryview]\n"
         "    return sum(1 << i for i, t in enumerate(ts) if issubclass(t, s))",
@@ -171,3 +178,23 @@ def test_no_collection_runs_inside_a_skills_call():
     tracker = CallTracker()
     skills = _compiled(tracker, "import gc\ndef inside():\n    return gc.isenabled()", "<skill:s>", {})
     assert gc.isenabled() and skills["inside"]() is False and gc.isenabled()
+
+
+def test_a_strings_identity_tells_agent_code_nothing():
+    """``is`` and ``id()`` see equal strings as one object, whatever the interpreter interned."""
+    from sage_rl.sandbox.tracking import CallTracker
+
+    tracker = CallTracker()
+    cell = (
+        "a, b = 'q' + str(7), 'q7'\nsame = (a is b, a is not b, id(a) == id(b), a is None, [1] is [1])\n"
+        "c = 'w' + str(7)\nafter = a is c"
+    )
+    ns = _compiled(tracker, cell, "<cell-0>", {"__builtins__": _agent_builtins(tracker)})
+    assert ns["same"] == (True, False, True, False, False) and ns["after"] is False
+
+
+def _agent_builtins(tracker):
+    from sage_rl.sandbox.copies import private_import
+    from sage_rl.sandbox.rules import agent_builtins
+
+    return agent_builtins(tracker.stores, private_import())

@@ -82,7 +82,8 @@ closed, as covert channels: the clock (a task that waits until ``time.time()`` r
 a skill that reads the clock), the stack's depth (``RecursionError`` where the task called the skill
 from), and timing a shared cache (``_strptime``'s). The task's own code run inside a skill's call
 (a finalizer, an ``__eq__`` C code called) leaves it providing nothing (``tracking.task_code_ran``);
-a finalizer made of C functions alone, freed by the skill's own code, is not seen.
+a finalizer made of C functions alone, freed by the skill's own code, is not seen. A string's
+identity (the interned table both share) says only what ``==`` says to agent code (``stores.canonical``).
 At most ``MAX_ATOMS`` atoms are read from one value and ``MAX_PROVIDED`` remembered in all (past
 them nothing new is provided: less credit, never more).
 

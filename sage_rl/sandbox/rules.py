@@ -333,6 +333,7 @@ def agent_builtins(stores: Any, agent_import: Callable[..., Any]) -> dict[str, A
     for fn in (guarded_getattr, guarded_hasattr, guarded_setattr, guarded_delattr):
         fn.__name__ = fn.__qualname__ = fn.__name__.removeprefix("guarded_")
         out[fn.__name__] = fn
+    out["id"] = lambda obj: id(stores.canonical(obj))  # a string's identity tells nothing (stores.py)
     out["__import__"] = agent_import
     out["__build_class__"] = stores.build_class
     out["RuleError"] = RuleError

@@ -33,6 +33,7 @@ import ast
 import builtins
 import contextlib
 import secrets
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,16 @@ READ_ONLY = (
 )
 
 
+def canonical(value: Any) -> Any:
+    """``value``, or for an exact ``str`` its interned copy: what agent code's ``is`` and ``id()`` see.
+    The interpreter's table of interned strings is one for the task and the library, and the
+    compiler interns a task's name-like literals: a skill that interned ``'z1020'`` itself and asked
+    with ``is`` whether it got its own object back read the task's answer, 20 (the third review of
+    session 42). With both sides interned, ``a is b`` for strings is ``a == b``, whatever the table
+    held before."""
+    return sys.intern(value) if type(value) is str else value
+
+
 class StoreGuard:
     """The classes agent code defined, and the check its attribute stores go through."""
 
@@ -54,20 +65,24 @@ class StoreGuard:
         self.agent_code = agent_code  # whether a class body's code is agent code
         self.marker = f"\x00sage-store-{secrets.token_hex(8)}\x00"
         self.format_marker = f"\x00sage-format-{secrets.token_hex(8)}\x00"
+        self.identity_marker = f"\x00sage-identity-{secrets.token_hex(8)}\x00"
         self._classes: dict[int, type] = {}  # by id, the classes kept alive: no agent __eq__ runs
 
     def transform(self, tree: ast.AST) -> ast.AST:
         """``tree`` with each attribute store's object ``x`` as ``marker.__call__(x)``, and each
         ``x.format``/``x.format_map`` as ``format_marker.__call__(x).format`` (the markers are
         replaced by ``check`` and ``formats.formatting`` once compiled: ``markers``)."""
-        return ast.fix_missing_locations(_Stores(self.marker, self.format_marker).visit(tree))
+        return ast.fix_missing_locations(
+            _Stores(self.marker, self.format_marker, self.identity_marker).visit(tree)
+        )
 
     formatting = staticmethod(formatting)  # for ``getattr(x, 'format')`` (rules.agent_builtins)
+    canonical = staticmethod(canonical)  # for ``id(x)`` (rules.agent_builtins)
 
     @property
     def markers(self) -> dict[str, Any]:
         """The marker constants of ``transform``'s code and what ``replace_constants`` puts there."""
-        return {self.marker: self.check, self.format_marker: formatting}
+        return {self.marker: self.check, self.format_marker: formatting, self.identity_marker: canonical}
 
     def check(self, obj: Any) -> Any:
         """``obj`` when agent code may set its attributes (module docstring); else ``RuleError``."""
@@ -94,8 +109,23 @@ class StoreGuard:
 
 
 class _Stores(ast.NodeTransformer):
-    def __init__(self, marker: str, format_marker: str) -> None:
-        self.marker, self.format_marker = marker, format_marker
+    def __init__(self, marker: str, format_marker: str, identity_marker: str) -> None:
+        self.marker, self.format_marker, self.identity_marker = marker, format_marker, identity_marker
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        """Each operand of an ``is``/``is not`` that is not a constant (``x is None`` stays) as
+        ``identity_marker.__call__(operand)`` (``canonical``): evaluated once, in order, as before."""
+        self.generic_visit(node)
+        operands = [node.left, *node.comparators]
+        wrap = set()
+        for i, op in enumerate(node.ops):
+            pair = (operands[i], operands[i + 1])
+            if isinstance(op, ast.Is | ast.IsNot) and not any(isinstance(x, ast.Constant) for x in pair):
+                wrap |= {i, i + 1}
+        if wrap:
+            operands = [_call(self.identity_marker, x) if i in wrap else x for i, x in enumerate(operands)]
+            node.left, node.comparators = operands[0], operands[1:]
+        return node
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
         self.generic_visit(node)

@@ -86,6 +86,7 @@ class InProcessExecutor:
         own_builtins = dict(vars(builtins), __build_class__=self._stores.build_class)
         own_builtins["setattr"] = lambda obj, name, value: setattr(checked(obj), name, value)
         own_builtins["delattr"] = lambda obj, name: delattr(checked(obj), name)
+        own_builtins["id"] = lambda obj: id(self._stores.canonical(obj))
         self._ns: dict[str, object] = {
             "__builtins__": own_builtins,
             "__name__": "__agent__",
