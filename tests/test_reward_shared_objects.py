@@ -98,6 +98,19 @@ CASES = {
         "    return 0",
         "x = 'z10{answer}'",
     ),
+    # the fourth review: keys in the worker's own caches that C code reaches, matched by C callables
+    "strptime_cache": (
+        "import time\n    for i in range(60):\n        try:\n            time.strptime(str(i), 'qz')\n"
+        "            return i\n        except ValueError:\n            pass\n    return 0",
+        "import time, functools\nfor j in range(105):\n    time.strptime(str(j), str(j))\n"
+        "K = type('K', (str,), {'__eq__': bool, '__hash__': functools.partial(int, hash('qz'))})\n"
+        "time.strptime('{answer}', K('{answer}'))",
+    ),
+    "repl_cache": (
+        "import re\n    try:\n        return int(re.sub('a', 'q\\\\n', 'a'))\n    except ValueError:\n        return 0",
+        "import re, functools\nK = type('K', (str,), {'__eq__': bool, '__hash__': functools.partial(int, hash('q\\\\n'))})\n"
+        "x = re.sub('a', K('{answer}\\\\n'), 'a')",
+    ),
     "registered": (
         "import decimal\n    s = type(decimal.Context().flags)\n    ts = [bytes, bytearray, complex, frozenset, memoryview]\n"
         "    return sum(1 << i for i, t in enumerate(ts) if issubclass(t, s))",

@@ -84,6 +84,9 @@ from), and timing a shared cache (``_strptime``'s). The task's own code run insi
 (a finalizer, an ``__eq__`` C code called) leaves it providing nothing (``tracking.task_code_ran``);
 a finalizer made of C functions alone, freed by the skill's own code, is not seen. A string's
 identity (the interned table both share) says only what ``==`` says to agent code (``stores.canonical``).
+The caches of the worker's own modules that C code reaches (``_strptime``'s, ``re._compile_repl``) are
+emptied when a skill's call starts (``SharedState.clear_caches``); a key made of C callables (a ``str``
+subclass whose ``__eq__`` is ``bool``) in another such cache would not be seen.
 At most ``MAX_ATOMS`` atoms are read from one value and ``MAX_PROVIDED`` remembered in all (past
 them nothing new is provided: less credit, never more).
 

@@ -40,6 +40,7 @@ This module is imported by the template process: it imports nothing of the proje
 
 from __future__ import annotations
 
+import sys
 import types
 from typing import Any
 
@@ -161,6 +162,21 @@ class SharedState:
             c.field_size_limit(),
             tuple(map(_state, self._watched)),
         )
+
+    def clear_caches(self) -> None:
+        """Empty the caches of the worker's own Python modules that C code imports by name while agent
+        code runs, so both namespaces reach them: ``_strptime``'s regexes (``time.strptime``) and
+        ``re._compile_repl`` (``_sre`` expands a replacement template through the worker's ``re``). A
+        task's key there (a ``str`` subclass whose ``__eq__`` is ``bool`` and ``__hash__`` a
+        ``functools.partial``: C callables, so no task code runs) answered a skill's later lookup
+        with the task's value (the fourth review of session 42). Called when a library skill's
+        outermost call starts: the skill then finds only what it put there itself."""
+        strptime = sys.modules.get("_strptime")
+        if strptime is not None:
+            strptime._regex_cache.clear()
+        re = sys.modules.get("re")
+        if re is not None:
+            re._compile_repl.cache_clear()
 
     def moved(self) -> bool:
         """Whether the task (or a skill) has moved the shared state since the start."""
