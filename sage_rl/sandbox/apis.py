@@ -68,3 +68,7 @@ class Apis(_ReadOnly):
 
     def __repr__(self) -> str:
         return "<apis: call apis.<app>.<api>(**kwargs)>"
+
+
+#: The classes of ``apis``, its apps and their APIs: agent code reaches them through ``type()``.
+PROXY_CLASSES = (Apis, _App, _Api)

@@ -28,6 +28,13 @@ from sage_rl.sandbox.rules import ALLOWED_MODULES, module_allowed
 PRIVATE_TOPS = frozenset({m.partition(".")[0] for m in ALLOWED_MODULES} - {"time"} | {"_collections_abc"})
 
 
+#: C modules agent code's copies do without (the module falls back to its Python code, whose state
+#: is then each copy's): ``_zoneinfo``'s ``ZoneInfo`` keeps one cache for every copy, holding the
+#: key object a task passed (a ``str`` subclass with an attribute, or an ``__eq__`` that the cache
+#: ran inside a skill's call: the review of session 42).
+PYTHON_ONLY = ("_zoneinfo",)
+
+
 def _private(name: str) -> bool:
     return name.partition(".")[0] in PRIVATE_TOPS
 
@@ -88,12 +95,6 @@ def private_import() -> Callable[..., Any]:
 
     return agent_import
 
-
-#: C modules agent code's copies do without (the module falls back to its Python code, whose state
-#: is then each copy's): ``_zoneinfo``'s ``ZoneInfo`` keeps one cache for every copy, holding the
-#: key object a task passed (a ``str`` subclass with an attribute, or an ``__eq__`` that the cache
-#: ran inside a skill's call: the review of session 42).
-PYTHON_ONLY = ("_zoneinfo",)
 
 #: Classes that C code of a shared extension module fetches by module name when it runs
 #: (``PyImport_Import`` reads the worker's ``sys.modules``): ``_json`` raises

@@ -74,23 +74,16 @@ task's own value off as its own. What a skill reads from the task's namespace is
 extraction (a skill that reads a task's variable is not saved: ``skills/extract._self_contained``)
 and by the sandbox (modules, functions and ``apis`` are read-only to agent code: ``stores.py``;
 each namespace has its own module copies, so ``random.setstate`` moves the task's generator only).
-What both namespaces still share, the C modules' state (``decimal.setcontext``,
-``csv.register_dialect``) and the attributes an allowed module's code stores on an object both hold
-(``string.Template.__init__(ApiError, v)``), is watched instead: a skill call that starts after the
-task moved it provides nothing (``shared.py``); the in-process executor shares every module. Not
-closed, as covert channels: the clock (a task that waits until ``time.time()`` reads its answer,
-a skill that reads the clock), the stack's depth (``RecursionError`` where the task called the skill
-from), and timing a shared cache (``_strptime``'s). The task's own code run inside a skill's call
-(a finalizer, an ``__eq__`` C code called) leaves it providing nothing (``tracking.task_code_ran``);
-a finalizer made of C functions alone, freed by the skill's own code, is not seen. A string's
-identity (the interned table both share) says only what ``==`` says to agent code (``stores.canonical``).
-The caches of the worker's own modules that C code reaches (``_strptime``'s, ``re._compile_repl``) are
-emptied when a skill's call starts (``SharedState.clear_caches``); a key made of C callables (a ``str``
-subclass whose ``__eq__`` is ``bool``) in another such cache would not be seen.
+What both namespaces still share (C modules' state, objects both hold, the worker's caches C code
+reaches, strings' identity) and the task's code run inside a skill's call are the sandbox's to
+handle: a skill call they touch provides nothing (docs/sandbox.md, "Shared state", with the channels
+left open: the clock, the stack's depth, a cache's timing, C callables as finalizers or cache keys).
+The in-process executor shares every module.
 At most ``MAX_ATOMS`` atoms are read from one value and ``MAX_PROVIDED`` remembered in all (past
 them nothing new is provided: less credit, never more).
 
-This module is imported by the template process: it imports nothing of the project.
+This module is imported by the template process: it imports nothing of the project but
+``answer_keys`` and ``shared``.
 """
 
 from __future__ import annotations

@@ -21,8 +21,6 @@ from typing import Any
 
 from sage_rl.sandbox.rules import RuleError, attr_allowed
 
-FORMAT_ATTRS = frozenset({"format", "format_map"})
-
 
 def check_fields(fmt: str, depth: int = 0) -> None:
     """Raise ``RuleError`` when a replacement field of ``fmt`` names an attribute agent code may not

@@ -130,6 +130,10 @@ GADGET_ATTRS = frozenset(
 #: code the worker's own base classes.
 SHARED_ATTRS = frozenset({"get_cache_token", "register", "mro"})
 
+#: The methods of ``str`` that look attributes up by the names a format string's fields hold
+#: (``formats.py`` checks those names; ``agent_builtins``' ``getattr`` routes them there).
+FORMAT_ATTRS = frozenset({"format", "format_map"})
+
 #: Attribute names agent code may not use (besides private ones). The module names are those under
 #: which an allowed module exposes a module that is not allowed (tests/test_sandbox_rules.py checks
 #: this list against the modules themselves on the running Python).
@@ -309,12 +313,14 @@ def _checked(name: object, write: bool = False) -> str:
 def agent_builtins(stores: Any, agent_import: Callable[..., Any]) -> dict[str, Any]:
     """The ``__builtins__`` of an agent namespace in the worker: ``getattr``, ``hasattr``, ``setattr``,
     ``delattr`` refusing what ``refusal`` refuses written out, ``setattr``/``delattr``/``__build_class__``
-    keeping ``stores`` (a ``stores.StoreGuard``; ``getattr(x, 'format')`` as ``stores.formatting``), and ``__import__`` giving the namespace its own
-    module copies (``agent_import``: ``copies.private_import()``). The builtins ``refusal`` refuses by name stay (unreachable)."""
+    keeping ``stores`` (a ``stores.StoreGuard``; ``getattr(x, 'format')`` through
+    ``stores.formatting``, ``id(x)`` through ``stores.canonical``), and ``__import__`` giving the
+    namespace its own module copies (``agent_import``: ``copies.private_import()``). The builtins
+    ``refusal`` refuses by name stay (unreachable)."""
     real_getattr, real_hasattr, real_setattr, real_delattr = getattr, hasattr, setattr, delattr
 
     def guarded_getattr(obj: object, name: str, *default: object) -> Any:
-        if name in ("format", "format_map"):  # its fields checked (formats.py)
+        if name in FORMAT_ATTRS:  # its fields checked (formats.py)
             obj = stores.formatting(obj)
         return real_getattr(obj, _checked(name), *default)
 

@@ -35,7 +35,8 @@ imports ``decimal`` or ``csv``.
 The in-process executor shares every module with the project (its limit, docs/sandbox.md): there
 this covers the same C state, not the Python modules' globals.
 
-This module is imported by the template process: it imports nothing of the project.
+This module is imported by the template process: it imports nothing of the project but ``copies``
+and ``rules``.
 """
 
 from __future__ import annotations
@@ -138,9 +139,9 @@ class SharedState:
         self._watched: list[Any] = list(shared_objects())
         self._start = self._fingerprint()
 
-    def watch(self, obj: Any) -> None:
-        """Also watch the attributes of ``obj``, an object both namespaces hold, as they are now."""
-        self._watched.append(obj)
+    def watch(self, *objs: Any) -> None:
+        """Also watch the attributes of ``objs``, objects both namespaces hold, as they are now."""
+        self._watched += objs
         self._start = self._fingerprint()
 
     def _fingerprint(self) -> tuple[Any, ...]:

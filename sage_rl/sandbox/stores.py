@@ -38,8 +38,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from sage_rl.sandbox.formats import FORMAT_ATTRS, formatting
-from sage_rl.sandbox.rules import RuleError
+from sage_rl.sandbox.formats import formatting
+from sage_rl.sandbox.rules import FORMAT_ATTRS, RuleError
 
 READ_ONLY = (
     "{what} is read-only: agent code may set or delete attributes only on the classes it defines and "

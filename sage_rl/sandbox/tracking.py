@@ -321,10 +321,9 @@ def _wrap_plain(tracker: CallTracker, key: tuple[str, str], fn: Callable[..., An
         if skill:  # its default values too: state kept in one (``acc={}``) the task may have filled
             given = (*args, *(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values())
             inputs = tracker.flow.inputs(key, given, kwargs, by_task(sys._getframe(1)))
-            if not skills:  # the outermost: no collection (no finalizer of the task's) inside it,
-                tracker.flow.shared.clear_caches()  # nor a key the task left in a worker's cache
-            collect = not skills and gc.isenabled()
-            if collect:
+            if not skills:  # the outermost: no key the task left in a worker's cache, and no
+                tracker.flow.shared.clear_caches()  # collection (a finalizer of the task's) inside it
+                collect = gc.isenabled()
                 gc.disable()
             skills.append(inputs)
         elif skills:

@@ -19,7 +19,7 @@ import traceback
 from time import monotonic  # bound now: agent code shares the time module (copies.PRIVATE_TOPS)
 from typing import Any, NoReturn
 
-from sage_rl.sandbox.apis import Apis
+from sage_rl.sandbox.apis import PROXY_CLASSES, Apis
 from sage_rl.sandbox.copies import private_import
 from sage_rl.sandbox.protocol import BlockingChannel, encode
 from sage_rl.sandbox.rules import RuleError, agent_builtins
@@ -223,9 +223,7 @@ class Runtime:
         self.namespace["apis"] = Apis(self.bridge)
         self.namespace["ApiError"] = ApiError
         # both namespaces reach them, by name or by ``type()`` (shared.py)
-        app = self.namespace["apis"].supervisor
-        for cls in (ApiError, CellTimeout, RuleError, Apis, type(app), type(app.show_profile)):
-            self.tracker.flow.shared.watch(cls)
+        self.tracker.flow.shared.watch(ApiError, CellTimeout, RuleError, *PROXY_CLASSES)
         # library cells run apart, with module copies of their own (stores.share_library_cell)
         self.library_builtins = agent_builtins(self.tracker.stores, private_import())
         self.library = {**self.namespace, "__builtins__": self.library_builtins}
