@@ -2,15 +2,20 @@
 
 Every type here is a small frozen dataclass that round-trips through JSON (``text.dumps`` /
 ``from_dict``), so tasks, trajectories, chains and outcomes can be written to JSON Lines and read
-back. Group keys are tuples, never strings to be parsed (STYLE.md, principle 1).
+back. ``from_dict`` validates with pydantic: a record read back has every field of its declared
+type, or is refused (a damaged file's ``null`` token count once raised ``TypeError`` far from the
+file, in the results' sums). Group keys are tuples, never strings to be parsed (STYLE.md, principle 1).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import pydantic
 
 # --------------------------------------------------------------------------------------------
 # Tasks and outcomes
@@ -41,7 +46,7 @@ class Task:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Task:
-        return cls(**{**d, "apps": tuple(d.get("apps", ()))})
+        return _adapter(cls).validate_python(d)
 
 
 @dataclass(frozen=True)
@@ -77,9 +82,7 @@ class Outcome:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Outcome:
-        lasting, checks = d.get("lasting"), tuple(CheckResult(**c) for c in d.get("checks", ()))
-        lasting = None if lasting is None else tuple(lasting)
-        return cls(d["score"], d["success"], checks, lasting, d.get("answer_scored"))
+        return _adapter(cls).validate_python(d)
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,7 +171,7 @@ class CallRecord:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CallRecord:
-        return cls(**{**d, "changes": tuple(d.get("changes", ()))})
+        return _adapter(cls).validate_python(d)
 
     @classmethod
     def of_row(cls, row: Sequence[Any]) -> CallRecord:
@@ -218,14 +221,7 @@ class ExecResult:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ExecResult:
-        calls, defined = d.get("calls"), d.get("defined")
-        return cls(
-            **{
-                **d,
-                "calls": None if calls is None else tuple(CallRecord.from_dict(c) for c in calls),
-                "defined": None if defined is None else tuple(defined),
-            }
-        )
+        return _adapter(cls).validate_python(d)
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,22 +274,7 @@ class Turn:
     def from_dict(cls, d: Mapping[str, Any]) -> Turn:
         """Reads both layouts: ``result`` (since issue 12) and the older flat one, whose
         ``observation``, ``exec_ok``, ``timed_out``, ``calls`` and ``defined`` sat on the turn."""
-        d = dict(d)
-        if "result" in d:
-            result = ExecResult.from_dict(d.pop("result"))
-        else:
-            flat = {k: d.pop(k) for k in _FLAT_RESULT if k in d}
-            ok = flat.pop("exec_ok", True)
-            result = ExecResult.from_dict({"observation": "", **flat, "ok": ok})
-        return cls(
-            **{
-                **d,
-                "result": result,
-                "gen_ids": tuple(d["gen_ids"]),
-                "gen_logprobs": tuple(d["gen_logprobs"]),
-                "obs_ids": tuple(d.get("obs_ids", ())),
-            }
-        )
+        return _adapter(cls).validate_python(_turn_layout(d))
 
 
 #: Fields of ``ExecResult`` that turns written before issue 12 held themselves.
@@ -340,19 +321,7 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Trajectory:
-        return cls(
-            task=Task.from_dict(d["task"]),
-            prompt_ids=tuple(d["prompt_ids"]),
-            turns=tuple(Turn.from_dict(t) for t in d["turns"]),
-            outcome=Outcome.from_dict(d["outcome"]),
-            stop=StopReason(d["stop"]),
-            library_in=tuple(d.get("library_in", ())),
-            library_dropped=tuple(d.get("library_dropped", ())),
-            skills_saved=tuple(d.get("skills_saved", ())),
-            skills_used=tuple(d.get("skills_used", ())),
-            policy=d.get("policy", ""),
-            error=d.get("error", ""),
-        )
+        return _adapter(cls).validate_python({**d, "turns": [_turn_layout(u) for u in d["turns"]]})
 
 
 GroupKey = tuple[tuple[str, ...], int]
@@ -380,13 +349,30 @@ class Chain:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Chain:
-        return cls(
-            group_index=d["group_index"],
-            chain_index=d["chain_index"],
-            trajectories=tuple(Trajectory.from_dict(t) for t in d["trajectories"]),
-            used_from=tuple(tuple(u) for u in d.get("used_from", ())),
-            start_library=tuple((n, h) for n, h in d.get("start_library", ())),
-        )
+        """A chain record read back with every field of its declared type (pydantic checks them all,
+        turns of the older flat layout read as ``Turn.from_dict`` reads them); ``ValueError`` naming
+        the first fault for anything else: a damaged line, a crafted one, a number that is null."""
+        try:
+            trajectories = [{**t, "turns": [_turn_layout(u) for u in t["turns"]]} for t in d["trajectories"]]
+            return _adapter(cls).validate_python({**d, "trajectories": trajectories})
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            why = " ".join(str(e).split("\n")[:3])  # pydantic's: the count, the field, the fault
+            raise ValueError(f"not a chain record ({type(e).__name__}: {why})") from None
+
+
+@functools.cache
+def _adapter(cls: type) -> pydantic.TypeAdapter:
+    return pydantic.TypeAdapter(cls)
+
+
+def _turn_layout(turn: Any) -> Any:
+    """A turn in the ``result`` layout (``Turn.from_dict``'s reading of the older flat one)."""
+    if not isinstance(turn, Mapping) or "result" in turn:
+        return turn
+    flat = {k: turn[k] for k in _FLAT_RESULT if k in turn}
+    ok = flat.pop("exec_ok", True)
+    result = {"observation": "", **flat, "ok": ok}
+    return {**{k: v for k, v in turn.items() if k not in _FLAT_RESULT}, "result": result}
 
 
 @dataclass(frozen=True)

@@ -106,13 +106,13 @@ def finished(path: Path, scenarios: Sequence[tuple[Task, ...]]) -> dict[int, Cha
         for n, line in enumerate(f, 1):
             try:
                 chain = Chain.from_dict(json.loads(line))
-            except (ValueError, KeyError, TypeError) as e:
+                i = index.get(chain.task_ids)  # TypeError: an id that is a list or a mapping
+            except (ValueError, TypeError) as e:
                 log.warning("%s:%d: not a chain (%s); its scenario runs again", path, n, type(e).__name__)
                 continue
-            i = index.get(chain.task_ids)
             if i is None:
                 raise ResumeError(
-                    f"{path}:{n}: tasks {', '.join(chain.task_ids)} are not a scenario of this evaluation; "
+                    f"{path}:{n}: tasks {', '.join(map(str, chain.task_ids))} are not a scenario of this evaluation; "
                     "evaluate into another out_dir, or remove that folder"
                 )
             found[i] = chain

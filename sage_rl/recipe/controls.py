@@ -26,6 +26,7 @@ pure: configs in, configs out; evaluations in, figures out.
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +35,9 @@ from sage_rl.eval.ci import paired_difference, paired_outcomes
 from sage_rl.files import json_lines
 from sage_rl.settings import RunConfig, TrainConfig
 from sage_rl.types import Chain
+from sage_rl.view.read import read_jsonl
+
+log = logging.getLogger(__name__)
 
 #: Every model the experiment evaluates, in table order.
 MODELS = ("base", "sft", "sft_nolib", "sft_inline", "grpo_nolib", "grpo_lib", "sage", "sage_nolib")
@@ -87,12 +91,18 @@ PAIRS = (
 
 def per_task(folder: Path) -> dict[str, list[float]]:
     """{task_id: [steps, generated tokens]} of an evaluation folder's trajectories (the metrics'
-    ``avg_steps`` and ``avg_tokens`` per task), for intervals and paired differences."""
+    ``avg_steps`` and ``avg_tokens`` per task), for intervals and paired differences.
+
+    A line that is not a chain (a damaged file) is left out with a warning naming it: its tasks'
+    steps and tokens are missing (None in ``units``), as where trajectories are gone."""
     out: dict[str, list[float]] = {}
+    problems: list[str] = []
     for path in sorted(folder.glob("trajectories*.jsonl"))[:1]:  # one strategy: the headline
-        for row in json_lines(path):
-            for t in Chain.from_dict(row).trajectories:
-                out[t.task.task_id] = [len(t.turns), t.num_generated_tokens]
+        for chain in read_jsonl(path, Chain.from_dict, "chain record", problems):
+            for t in chain.trajectories:
+                out[str(t.task.task_id)] = [len(t.turns), t.num_generated_tokens]
+    for problem in problems:
+        log.warning(problem)
     return out
 
 

@@ -68,7 +68,7 @@ class StepJournal:
 
     def __init__(self, path: Path, key: str) -> None:
         self.path, self.key = Path(path), key
-        self._groups: dict[int, tuple[Chain, ...]] = {}
+        self._groups: dict[int, list[tuple[Chain, ...]]] = {}  # a damaged line may claim another's index
         self.reused = 0
         self._load()
 
@@ -89,21 +89,20 @@ class StepJournal:
         for n, line in enumerate(lines[1:], 2):
             try:
                 row = json.loads(line)
-                self._groups[int(row["group"])] = tuple(Chain.from_dict(c) for c in row["chains"])
-            except (ValueError, KeyError, TypeError) as e:  # the line a kill cut short
+                chains = tuple(Chain.from_dict(c) for c in row["chains"])
+                self._groups.setdefault(int(row["group"]), []).append(chains)
+            except (ValueError, KeyError, TypeError) as e:  # the line a kill cut short, a damaged one
                 log.warning("%s:%d: not a group (%s); it is sampled again", self.path, n, type(e).__name__)
 
     def take(self, index: int, tasks: Sequence[Task], size: int, library: Library) -> list[Chain] | None:
         """Group ``index``'s chains when the journal holds them for this task sequence, ``size``
         chains from this start library; else None (the group is sampled)."""
-        chains = self._groups.get(index)
         ids, start = tuple(t.task_id for t in tasks), start_fingerprint(library)
-        if chains is None or len(chains) != size:
-            return None
-        if any(c.task_ids != ids or c.start_library != start for c in chains):
-            return None
-        self.reused += 1
-        return list(chains)
+        for chains in reversed(self._groups.get(index, [])):
+            if len(chains) == size and all(c.task_ids == ids and c.start_library == start for c in chains):
+                self.reused += 1
+                return list(chains)
+        return None
 
     def add(self, index: int, chains: Sequence[Chain]) -> None:
         """Append a finished group (the file and its first line are made on the first one)."""
@@ -114,7 +113,7 @@ class StepJournal:
                 f.write(json.dumps({"key": self.key}) + "\n")
             f.write(dumps({"group": index, "chains": list(chains)}) + "\n")
             f.flush()
-        self._groups[index] = tuple(chains)
+        self._groups.setdefault(index, []).append(tuple(chains))
 
     def close(self) -> None:
         """The step has ended (logged, checkpointed when due): its journal is not needed any more."""
