@@ -120,8 +120,9 @@ def load_yaml(text: str, where: str) -> Any:
 
     The node graph is composed first (linear in the text) and its expanded size counted without
     expanding it; only then are Python values built."""
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # its reader refuses control characters here already
         node = loader.get_single_node()
         if node is None:
             return None
@@ -129,10 +130,14 @@ def load_yaml(text: str, where: str) -> Any:
         return loader.construct_document(node)
     except yaml.YAMLError as e:
         raise ConfigError(f"{where} is not valid YAML: {e}") from None
+    except (ValueError, OverflowError, TypeError, AttributeError, LookupError) as e:
+        # a constructor's: a 5,000-digit int, the date 2024-13-45, PyYAML's own `!!timestamp x`
+        raise ConfigError(f"{where} holds a value YAML cannot build ({type(e).__name__}: {e})") from None
     except RecursionError:
         raise ConfigError(f"{where} is nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _check_expansion(root: yaml.Node, where: str) -> None:
