@@ -13,10 +13,13 @@ every reader a resumed or reported run uses:
   come back as they were written;
 - ``view.read.read_run`` (the viewer): the chains of the lines left whole, one problem naming the
   file for each line that is not one;
-- ``recipe.controls.per_task`` (the results' steps and tokens): the tasks of the lines left whole.
+- ``recipe.controls.per_task`` (the results' steps and tokens): the tasks of the lines left whole;
+- ``recipe.controls.screened_templates`` (an RL arm's pool in the results, from ``screens.jsonl``):
+  the templates of the screens whose lines are left whole.
 
 Before this test, a value of another type inside a record (an outcome that is a number) raised
-``AttributeError`` out of the journal and ``per_task``, and any damaged line stopped ``per_task``.
+``AttributeError`` out of the journal and ``per_task``, and any damaged line stopped ``per_task`` and
+``screened_templates`` (the results' table).
 ``SAGE_FUZZ_EXAMPLES=N`` runs a random hunt (as in ``test_fuzz_rollout.py``).
 """
 
@@ -38,7 +41,7 @@ from sage_rl.config import load_config
 from sage_rl.envs.pocketworld.env import PocketWorldSuite
 from sage_rl.envs.pocketworld.expert import ScriptedExpert
 from sage_rl.eval.resume import ResumeError, finished
-from sage_rl.recipe.controls import per_task
+from sage_rl.recipe.controls import per_task, screened_templates
 from sage_rl.rollout.journal import StepJournal
 from sage_rl.settings import TrainConfig
 from sage_rl.skills import Library
@@ -205,3 +208,21 @@ def test_a_damaged_line_that_claims_another_groups_index_does_not_cost_that_grou
     again = StepJournal(path, KEY)
     assert again.take(0, [t.task for t in chains[0].trajectories], 1, Library()) == [chains[0]]
     assert again.take(2, [t.task for t in chains[2].trajectories], 1, Library()) is None
+
+
+SCREENS = [
+    {"step": 0, "pool": ["mail_a", "notes_b"], "success": {"mail_a": 0.5}, "tokens": 10, "seconds": 1.0},
+    {"step": 40, "pool": ["music_c"], "success": {"music_c": 0.5}, "tokens": 12, "seconds": 1.5},
+]
+
+
+@FUZZ
+@given(ops=DAMAGES)
+def test_a_damaged_screens_file_costs_only_its_damaged_screens(tmp_path, ops, caplog):
+    caplog.set_level(logging.CRITICAL)
+    lines = [json.dumps(row).encode() for row in SCREENS]
+    data = damage(b"\n".join(lines) + b"\n", ops)
+    (tmp_path / "screens.jsonl").write_bytes(data)
+    pool = screened_templates(tmp_path)
+    assert all(isinstance(t, str) for t in pool)
+    assert all(set(SCREENS[i]["pool"]) <= pool for i in _whole(lines, data))

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sage_rl.eval.ci import paired_difference, paired_outcomes
-from sage_rl.files import json_lines
+from sage_rl.rollout.pool import SCREENS
 from sage_rl.settings import RunConfig, TrainConfig
 from sage_rl.types import Chain
 from sage_rl.view.read import read_jsonl
@@ -161,11 +161,23 @@ def template_of(scenario_id: str) -> str:
 
 def screened_templates(run_dir: Path) -> set[str] | None:
     """Every template any screen of an RL run drew into its pool (``screens.jsonl``); None for a run
-    without a screened pool."""
-    path = run_dir / "screens.jsonl"
+    without a screened pool. A line without a pool (a damaged file) is left out with a warning
+    naming it: its screen's templates are then missing from the pool."""
+    path = run_dir / SCREENS
     if not path.is_file():
         return None
-    return {t for row in json_lines(path) for t in row.get("pool", ())}
+    problems: list[str] = []
+    pools = read_jsonl(path, _pool, "screen row with a pool", problems)
+    for problem in problems:
+        log.warning(problem)
+    return {t for pool in pools for t in pool}
+
+
+def _pool(row: Any) -> list[str]:
+    pool = row["pool"]
+    if not isinstance(pool, list) or not all(isinstance(t, str) for t in pool):
+        raise ValueError("its pool is not a list of template names")
+    return pool
 
 
 def _named(name: str, d: tuple[float, tuple[float, float]] | None) -> dict[str, Any]:
