@@ -19,7 +19,9 @@ What must hold, whatever the replies:
   rewards;
 - rewards are finite, and the three credit rules nest (``flow`` credits a subset of ``api``'s
   skills, ``api`` of ``paper``'s; rewards in that order) with the same outcomes and libraries;
-- a clean chain played after the fuzzed ones gives exactly what it gave before them.
+- a clean chain played after the fuzzed ones gives exactly what it gave before them, and the
+  fuzzed chain played again gives the same outcomes, libraries, credit and rewards (what
+  ``benchmarks/credit_replay.py`` relies on).
 
 The suite runs a few dozen derandomized examples. For a long hunt (random, failures kept in
 ``.hypothesis/`` and replayed first next time)::
@@ -232,6 +234,24 @@ def test_a_fuzzed_chain_ends_as_data_with_exact_tokens_and_reads_back(world, see
     assert chain_rewards(again, world.cfgs["flow"].rollout) == rewards
     assert all(math.isfinite(r) for r in rewards)
     assert world.play_clean() == world.clean_record  # nothing of the fuzzed chain reached a later one
+    replay = world.play(replies, tasks, seed=seed)[0]  # the same replies again (benchmarks/credit_replay.py)
+    assert _record(replay) == _record(chain) and chain_rewards(replay, world.cfgs["flow"].rollout) == rewards
+
+
+def _record(chain: Chain) -> list[tuple]:
+    """What a replay must give again (observations may hold addresses: ``<object at 0x...>``)."""
+    return [
+        (
+            t.outcome,
+            t.stop,
+            t.library_in,
+            t.library_dropped,
+            t.skills_saved,
+            t.skills_used,
+            [u.code for u in t.turns],
+        )
+        for t in chain.trajectories
+    ]
 
 
 @FUZZ
