@@ -5,23 +5,15 @@ a date like ``2024-13-45`` in YAML raised a bare ``ValueError`` out of the YAML 
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sage_rl.config import ConfigError, load_config
 from sage_rl.settings import TrainConfig
 
-LONG = int(os.environ.get("SAGE_FUZZ_EXAMPLES", "0"))
-FUZZ = settings(
-    max_examples=LONG or 150,
-    derandomize=not LONG,
-    database=None if not LONG else settings.default.database,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+FUZZ = fuzz(150)
 
 
 def _keys(data, prefix=()):

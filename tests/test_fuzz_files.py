@@ -28,12 +28,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import random
 import shutil
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sage_rl.build import build_runner
@@ -49,14 +49,7 @@ from sage_rl.text import dumps
 from sage_rl.types import Chain
 from sage_rl.view.read import read_run
 
-LONG = int(os.environ.get("SAGE_FUZZ_EXAMPLES", "0"))
-FUZZ = settings(
-    max_examples=LONG or 40,
-    derandomize=not LONG,
-    database=None if not LONG else settings.default.database,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+FUZZ = fuzz(40)
 KEY = "weights-and-settings"
 OTHER = st.sampled_from([None, 0, -1, 1.5, "x", "", [], {}, [1], {"a": 1}, True, 10**30])
 JUNK = st.sampled_from(["[]", "1", "null", '"x"', "{}", '{"trajectories": 5}', '{"group": 1}', "\x00\xff"])

@@ -34,11 +34,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sage_rl.agent.render import ChatRenderer
@@ -55,14 +55,7 @@ from sage_rl.skills import Library
 from sage_rl.text import dumps, valid_text
 from sage_rl.types import Chain, StopReason
 
-LONG = int(os.environ.get("SAGE_FUZZ_EXAMPLES", "0"))
-FUZZ = settings(
-    max_examples=LONG or 12,
-    derandomize=not LONG,  # the suite's examples are the same on every machine and every run
-    database=None if not LONG else settings.default.database,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+FUZZ = fuzz(12)
 CREDITS = ("paper", "api", "flow")  # strictest last
 POLICY_STOPS = {
     StopReason.COMPLETED,
