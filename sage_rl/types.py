@@ -321,7 +321,7 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Trajectory:
-        return _adapter(cls).validate_python({**d, "turns": [_turn_layout(u) for u in d["turns"]]})
+        return _adapter(cls).validate_python(_trajectory_layout(d))
 
 
 GroupKey = tuple[tuple[str, ...], int]
@@ -353,7 +353,7 @@ class Chain:
         turns of the older flat layout read as ``Turn.from_dict`` reads them); ``ValueError`` naming
         the first fault for anything else: a damaged line, a crafted one, a number that is null."""
         try:
-            trajectories = [{**t, "turns": [_turn_layout(u) for u in t["turns"]]} for t in d["trajectories"]]
+            trajectories = [_trajectory_layout(t) for t in d["trajectories"]]
             return _adapter(cls).validate_python({**d, "trajectories": trajectories})
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             why = " ".join(str(e).split("\n")[:3])  # pydantic's: the count, the field, the fault
@@ -363,6 +363,10 @@ class Chain:
 @functools.cache
 def _adapter(cls: type) -> pydantic.TypeAdapter:
     return pydantic.TypeAdapter(cls)
+
+
+def _trajectory_layout(trajectory: Mapping[str, Any]) -> dict[str, Any]:
+    return {**trajectory, "turns": [_turn_layout(u) for u in trajectory["turns"]]}
 
 
 def _turn_layout(turn: Any) -> Any:

@@ -64,12 +64,12 @@ DAMAGE = st.one_of(
 DAMAGES = st.lists(DAMAGE, min_size=1, max_size=3)
 
 
-def _places(o, path=()):
+def _places(o):
     """Every (container, key) inside a JSON value."""
     items = o.items() if isinstance(o, dict) else enumerate(o) if isinstance(o, list) else ()
     for k, v in items:
         yield o, k
-        yield from _places(v, path + (k,))
+        yield from _places(v)
 
 
 def damage(data: bytes, ops) -> bytes:

@@ -105,14 +105,14 @@ def finished(path: Path, scenarios: Sequence[tuple[Task, ...]]) -> dict[int, Cha
     with open(path, encoding="utf-8", errors="surrogateescape") as f:
         for n, line in enumerate(f, 1):
             try:
-                chain = Chain.from_dict(json.loads(line))
-                i = index.get(chain.task_ids)  # TypeError: an id that is a list or a mapping
-            except (ValueError, TypeError) as e:
+                chain = Chain.from_dict(json.loads(line))  # ValueError for anything but a chain
+            except ValueError as e:
                 log.warning("%s:%d: not a chain (%s); its scenario runs again", path, n, type(e).__name__)
                 continue
+            i = index.get(chain.task_ids)
             if i is None:
                 raise ResumeError(
-                    f"{path}:{n}: tasks {', '.join(map(str, chain.task_ids))} are not a scenario of this evaluation; "
+                    f"{path}:{n}: tasks {', '.join(chain.task_ids)} are not a scenario of this evaluation; "
                     "evaluate into another out_dir, or remove that folder"
                 )
             found[i] = chain

@@ -100,7 +100,7 @@ def per_task(folder: Path) -> dict[str, list[float]]:
     for path in sorted(folder.glob("trajectories*.jsonl"))[:1]:  # one strategy: the headline
         for chain in read_jsonl(path, Chain.from_dict, "chain record", problems):
             for t in chain.trajectories:
-                out[str(t.task.task_id)] = [len(t.turns), t.num_generated_tokens]
+                out[t.task.task_id] = [len(t.turns), t.num_generated_tokens]
     for problem in problems:
         log.warning(problem)
     return out

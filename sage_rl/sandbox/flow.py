@@ -82,8 +82,7 @@ The in-process executor shares every module.
 At most ``MAX_ATOMS`` atoms are read from one value and ``MAX_PROVIDED`` remembered in all (past
 them nothing new is provided: less credit, never more).
 
-This module is imported by the template process: it imports nothing of the project but
-``answer_keys`` and ``shared``.
+This module is imported by the template process: of the project it imports only ``answer_keys`` and ``shared``.
 """
 
 from __future__ import annotations
