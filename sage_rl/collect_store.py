@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sage_rl.data.records import ChatExample, read_jsonl
+import pydantic
+
+from sage_rl.data.records import ChatExample, DatasetError, read_jsonl
 from sage_rl.text import dumps
 
 LEDGER = "progress.jsonl"
@@ -65,10 +67,12 @@ class ScenarioRecord:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ScenarioRecord:
-        tasks = tuple(TaskRecord(**t) for t in d["tasks"])
-        return cls(
-            d["scenario_id"], float(d["temperature"]), d["accepted"], tasks, d["examples"], d["jsonl_bytes"]
-        )
+        """Every field of its declared type, or ``ValueError`` naming the first that is not (a
+        ``jsonl_bytes`` of null stopped a resume with a bare ``TypeError``)."""
+        return _RECORD.validate_python(d)
+
+
+_RECORD = pydantic.TypeAdapter(ScenarioRecord)
 
 
 def conversation_hash(example: ChatExample) -> str:
@@ -97,7 +101,13 @@ class CollectStore:
             self.dataset.unlink(missing_ok=True)
             self.ledger.unlink(missing_ok=True)
         self._recover()
-        self._hashes = {conversation_hash(ex) for ex in self.examples()}
+        try:
+            self._hashes = {conversation_hash(ex) for ex in self.examples()}
+        except DatasetError as e:  # a line the ledger counts as committed no longer reads
+            raise StoreError(
+                f"{e}: the dataset was damaged after it was written; repair that line, or start over "
+                "with resume=false or a new out_dir"
+            ) from None
 
     @property
     def done(self) -> set[tuple[str, float]]:
@@ -158,7 +168,12 @@ class CollectStore:
 
     def _check_header(self, line: bytes) -> None:
         header = self._parse_json(line, 1)
-        if header.get("kind") != "header" or header.get("version") != LEDGER_VERSION:
+        if (
+            not isinstance(header, dict)
+            or header.get("kind") != "header"
+            or header.get("version") != LEDGER_VERSION
+            or not isinstance(header.get("config", {}), dict)
+        ):
             raise StoreError(f"{self.ledger}: line 1 is not a version-{LEDGER_VERSION} collect ledger header")
         theirs = header.get("config", {})
         differ = sorted(k for k in set(theirs) | set(self.config) if theirs.get(k) != self.config.get(k))
@@ -172,12 +187,13 @@ class CollectStore:
         try:
             return ScenarioRecord.from_dict(self._parse_json(line, lineno))
         except (KeyError, TypeError, ValueError) as e:
-            raise StoreError(f"{self.ledger}:{lineno}: not a scenario record ({e})") from None
+            why = " ".join(str(e).split("\n")[:3])  # pydantic's: the count, the field, the fault
+            raise StoreError(f"{self.ledger}:{lineno}: not a scenario record ({why})") from None
 
     def _parse_json(self, line: bytes, lineno: int) -> dict[str, Any]:
         try:
             return json.loads(line)
-        except json.JSONDecodeError as e:
+        except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
             raise StoreError(f"{self.ledger}:{lineno}: not JSON ({e})") from None
 
 

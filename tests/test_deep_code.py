@@ -6,9 +6,11 @@ levels deep (``x = ------...1``, or ``~~~...1`` without a fence) made ``ast.pars
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import dataclasses
 import random
+import warnings
 
 from fakes import FakeEnv
 from test_episode import TASK, DefiningSuite, OneEnvSuite, ScriptPolicy, _runner
@@ -42,6 +44,19 @@ def test_parse_code_never_raises_and_bounds_the_depth():
     # Module > Expr > k UnaryOps > (USub, Constant): k + 3 levels
     assert not isinstance(parse_code("-" * (MAX_DEPTH - 3) + "1"), CodeError)
     assert isinstance(parse_code("-" * (MAX_DEPTH - 2) + "1"), CodeError)
+
+
+def test_the_parsers_warnings_neither_print_nor_refuse_code_python_runs():
+    """``1if`` warns "invalid decimal literal" and ``"\\d"`` "invalid escape sequence": noise on the
+    trainer's stderr, and a SyntaxError under ``-W error`` for code the interpreter runs."""
+    for text in ('x = 1if True else 2', 's = "\\d"'):
+        with warnings.catch_warnings(record=True) as shown:
+            warnings.simplefilter("always")
+            assert isinstance(parse_code(text), ast.Module)
+        assert shown == []
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert isinstance(parse_code(text), ast.Module)
 
 
 def test_every_accepted_tree_survives_the_recursive_walks():

@@ -15,11 +15,16 @@ The agent loop does not run a cell that is too deep (``CodeError.too_deep``), so
 always one the parent can analyse (skill usage, extraction, the viewer); such a turn fails with
 ``CodeError.message`` as its observation. Other syntax errors still go to the environment, which
 reports them in the interpreter's own words.
+
+The parser's warnings (``SyntaxWarning: invalid decimal literal`` for ``1if``, an invalid escape's
+``DeprecationWarning``) are silenced here: they are about the agent's code, not ours, and under
+``-W error`` they would turn code the interpreter runs into a ``CodeError``.
 """
 
 from __future__ import annotations
 
 import ast
+import warnings
 from dataclasses import dataclass
 
 #: The deepest syntax tree accepted (the module is level 1). See the module docstring.
@@ -43,7 +48,10 @@ class CodeError:
 def parse_code(code: str) -> ast.Module | CodeError:
     """The module's syntax tree, at most ``MAX_DEPTH`` levels deep, or a ``CodeError``."""
     try:
-        tree = ast.parse(code)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            tree = ast.parse(code)
     except SyntaxError as e:
         return CodeError(f"SyntaxError: {e.msg} (line {e.lineno})")
     except ValueError as e:  # source with null bytes

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pydantic
+
 from sage_rl.text import dumps
 from sage_rl.types import Trajectory
 
@@ -97,11 +99,17 @@ class ChatExample:
             raise DatasetError(f"unknown field(s) {unknown}; expected some of {sorted(known)}")
         if "messages" not in d or not isinstance(d["messages"], list):
             raise DatasetError("field 'messages' is missing or not a list")
-        try:
-            messages = tuple(Message(**m) for m in d["messages"])
-        except TypeError as e:
-            raise DatasetError(f"field 'messages': {e}") from None
-        return cls(**{**d, "messages": messages, "library": tuple(d.get("library", ()))})
+        try:  # every field of its declared type (a 'position' of "x" or a 'library' of 5 is refused)
+            return _EXAMPLE.validate_python(d)
+        except pydantic.ValidationError as e:
+            err = e.errors()[0]
+            if isinstance(err.get("ctx", {}).get("error"), DatasetError):  # __post_init__'s own
+                raise err["ctx"]["error"] from None
+            where = ".".join(map(str, err["loc"]))
+            raise DatasetError(f"field {where!r}: {err['msg']} (got {err['input']!r:.60})") from None
+
+
+_EXAMPLE = pydantic.TypeAdapter(ChatExample)
 
 
 def episode_messages(opening: Sequence[Mapping[str, str]], trajectory: Trajectory) -> list[dict[str, str]]:

@@ -63,6 +63,11 @@ def fmt(v: Any, spec: str = "{:.3g}") -> str:
     return str(v)
 
 
+def mapping(v: Any) -> Mapping[str, Any]:
+    """A section of config.yaml as a mapping (``{}`` when the file holds something else there)."""
+    return v if isinstance(v, dict) else {}
+
+
 def step_stats(run: RunData, step: int | None) -> tuple[tuple[str, str], ...]:
     row = next((r for r in run.metrics_rows if r.get("step") == step), None)
     return tuple((k, fmt(row.get(k))) for k in STEP_KEYS if row and k in row)
@@ -72,13 +77,13 @@ def step_stats(run: RunData, step: int | None) -> tuple[tuple[str, str], ...]:
 
 
 def _policy_fact(config: Mapping[str, Any]) -> str:
-    p = config.get("policy") or {}
+    p = mapping(config.get("policy"))
     return " ".join(str(x) for x in (p.get("kind", "?"), p.get("model") or "") if x)
 
 
 def _train(run: RunData):
     cfg, summary = run.config, run.summary or {}
-    r = cfg.get("rollout") or {}
+    r = mapping(cfg.get("rollout"))
     facts = [
         ("command", "sage-rl train"),
         ("policy", _policy_fact(cfg)),
@@ -96,7 +101,7 @@ def _train(run: RunData):
     ]
     kept = summary.get("kept")
     if isinstance(kept, dict):  # eval.keep: best (train/best.py): the model the run ends with
-        split = (cfg.get("eval") or {}).get("split", "?")
+        split = mapping(cfg.get("eval")).get("split", "?")
         tgc, sgc = (fmt(kept.get(k), "{:.1f}%") for k in ("tgc", "sgc"))
         facts.append(("kept model", f"step {fmt(kept.get('step'))}: TGC {tgc}, SGC {sgc} on {split} (best/)"))
     tables = []
@@ -109,7 +114,7 @@ def _train(run: RunData):
         rows = tuple(
             (labels[k][0], *(fmt((m or {}).get(k), labels[k][1]) for m in (before, after))) for k in keys
         )
-        split = (cfg.get("eval") or {}).get("split", "?")
+        split = mapping(cfg.get("eval")).get("split", "?")
         tables.append(
             Table(f"Evaluation on {split}, before and after training", ("metric", "before", "after"), rows)
         )

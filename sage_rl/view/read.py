@@ -126,14 +126,14 @@ def read_run(path: str | Path) -> RunData:
             config,
             sections,
             tuple(rows),
-            _json(path / "summary.json", problems),
+            _train_summary(path / "summary.json", problems),
             problems=tuple(problems),
         )
     if kind == "eval":
         names = {m.group(1): f for f in path.glob("trajectories.*.jsonl") if (m := _TRAJ_FILE.search(f.name))}
-        order = [s for s in config.get("strategies", []) if s in names] + sorted(
-            set(names) - set(config.get("strategies", []))
-        )
+        listed = config.get("strategies")
+        listed = [s for s in listed if isinstance(s, str)] if isinstance(listed, list) else []
+        order = [s for s in dict.fromkeys(listed) if s in names] + sorted(set(names) - set(listed))
         sections = tuple(
             ChainSection(s, _id_safe(s), names[s], tuple(_chains(names[s], problems))) for s in order
         )
@@ -172,10 +172,51 @@ def _parse_line(path: Path, lineno: int, raw: bytes, parse, what: str, problems:
         return None
 
 
+def _number(v: Any) -> bool:
+    """What ``MetricsLogger`` writes for a value: a number, or null for a non-finite one."""
+    return v is None or (isinstance(v, int | float) and not isinstance(v, bool))
+
+
 def _metrics_row(d: Any) -> dict[str, Any]:
-    if not isinstance(d, dict) or not isinstance(d.get("step"), int):
+    if not isinstance(d, dict) or type(d.get("step")) is not int:
         raise ValueError("expected an object with an integer 'step'")
+    bad = next((k for k, v in d.items() if not _number(v)), None)
+    if bad is not None:
+        raise ValueError(f"{bad!r} holds {_short(d[bad])}, not a number")
     return d
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _train_summary(f: Path, problems: list[str]) -> dict[str, Any] | None:
+    """``summary.json`` of a training run with what the overview reads checked (``steps``,
+    ``wall_s``; ``before``, ``after`` and ``kept``, each an object of numbers): a value of another
+    type is named in ``problems`` and read as null (shown as -)."""
+    data = _json(f, problems)
+    if data is None:
+        return None
+    bad: list[str] = []
+
+    def number(where: str, v: Any) -> Any:
+        if _number(v):
+            return v
+        bad.append(f"{where} = {_short(v)}")
+        return None
+
+    out = {**data, **{k: number(k, data[k]) for k in ("steps", "wall_s") if k in data}}
+    for name in ("before", "after", "kept"):
+        section = data.get(name)
+        if isinstance(section, dict):
+            out[name] = {k: number(f"{name}.{k}", v) for k, v in section.items()}
+        elif section is not None:
+            out[name] = number(name, section)
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        problems.append(f"{f}: {'; '.join(bad[:3])}{more}: not numbers, so they are shown as -.")
+    return out
 
 
 def _chains(path: Path, problems: list[str]) -> list[Chain]:
@@ -228,7 +269,8 @@ def _read_collect(path: Path, text: str, config: dict[str, Any], problems: list[
     records = [r for r in records if r is not _HEADER]
     if not header:
         problems.append(f"{ledger} has no readable header line; the jobs after it are shown anyway.")
-    dataset = path / f"{config.get('name', 'sage_expert')}.jsonl"
+    name = config.get("name", "sage_expert")
+    dataset = path / f"{name if isinstance(name, str) and Path(name).name == name else 'sage_expert'}.jsonl"
     if not dataset.is_file():
         dataset = next((f for f in path.glob("*.jsonl") if f.name != LEDGER), dataset)
     lines = _lines_with_offsets(dataset, problems)
