@@ -5,17 +5,16 @@ A stage of a long run marks itself done by its summary file (``summary.json``, `
 middle of the write (every session's end stops the laptop experiment) leaves half a file that
 the next start cannot read. Written here, a reader sees the old file or the new one.
 
-``json_lines`` reads the project's JSON Lines back: one record per ``\n``, never ``splitlines``,
-which also cuts at U+2028, U+0085 and more that ``json.dumps(ensure_ascii=False)`` writes raw
-inside a string (a chain whose text holds one read as two torn lines).
+The project's JSON Lines are read back one record per ``\n`` (``view.read.read_jsonl``,
+``train.logging.read_metrics``), never with ``splitlines``, which also cuts at U+2028, U+0085 and
+more that ``json.dumps(ensure_ascii=False)`` writes raw inside a string (a chain whose text holds
+one read as two torn lines).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import Any
 
 
 def write_atomic(path: str | os.PathLike[str], text: str) -> None:
@@ -25,13 +24,6 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
-
-
-def json_lines(path: str | os.PathLike[str]) -> list[Any]:
-    """The records of a JSON Lines file, blank lines skipped (module docstring); ``ValueError`` on a
-    line that is not JSON."""
-    text = Path(path).read_text(encoding="utf-8")
-    return [json.loads(line) for line in text.split("\n") if line.strip()]
 
 
 def load_failure(e: BaseException, limit: int = 200) -> str:

@@ -55,3 +55,9 @@ def dumps(obj: Any) -> str:
     text = json.dumps(to_jsonable(obj), ensure_ascii=False, sort_keys=True)
     # Surrogates only occur inside JSON strings, where backslashreplace's \udXXX is a valid escape.
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def brief(value: Any, limit: int = 40) -> str:
+    """``value`` as JSON, cut to ``limit`` characters: a damaged value named in an error message."""
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

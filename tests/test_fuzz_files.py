@@ -43,13 +43,15 @@ from sage_rl.data.records import DatasetError, read_jsonl
 from sage_rl.envs.pocketworld.env import PocketWorldSuite
 from sage_rl.envs.pocketworld.expert import ScriptedExpert
 from sage_rl.eval.resume import ResumeError, finished
-from sage_rl.recipe.controls import per_task, screened_templates
+from sage_rl.recipe.controls import metric_rows, per_task, screened_templates
 from sage_rl.rollout.journal import StepJournal
 from sage_rl.runs.collect import run_collect
 from sage_rl.settings import CollectConfig, TrainConfig
 from sage_rl.skills import Library
 from sage_rl.text import dumps
+from sage_rl.train.logging import MetricsLogger, is_metric, read_metrics
 from sage_rl.types import Chain
+from sage_rl.view.overview import overview
 from sage_rl.view.read import read_run
 
 FUZZ = fuzz(40)
@@ -264,3 +266,50 @@ def test_a_damaged_collection_resumes_or_names_the_line(tmp_path, collection, wh
             assert str(dataset) in str(e)
         else:
             assert all(isinstance(x.position, int) and isinstance(x.library, tuple) for x in examples)
+
+
+METRICS = [
+    {"step": 0, "eval/tgc": 40.0, "eval/sgc": 20.0},
+    *(
+        {"step": s, "reward": 0.5 * s, "success": 0.25, "skill_use_success": float("nan"),
+         "sampled_tokens": 1000 + s, "sampled_tokens_total": 1000 * s + s * (s + 1) // 2}
+        for s in (1, 2, 3)
+    ),
+]  # fmt: skip
+
+
+#: a value that is not a number put anywhere in a row, beside the other damages
+NOT_A_NUMBER = st.tuples(st.just("retype"), st.floats(0, 1), st.floats(0, 1), st.sampled_from(["x", [], {}, True]))
+
+
+@fuzz(24)  # each example draws the overview's curves
+@given(ops=st.lists(st.one_of(NOT_A_NUMBER, DAMAGE), min_size=1, max_size=3))
+def test_a_damaged_metrics_file_costs_only_its_damaged_rows(tmp_path, ops, caplog):
+    """A run's ``metrics.jsonl`` (written by ``MetricsLogger``) damaged: the results' and the report's
+    reader (``metric_rows``) and the viewer keep every whole row and only rows of numbers; the
+    resume's strict reader (``read_metrics``, the sampled-token count) returns the same rows or names
+    the file. Before, a value of another type reached a plot or ``int()``."""
+    caplog.set_level(logging.CRITICAL)
+    folder = tmp_path / "run"
+    shutil.rmtree(folder, ignore_errors=True)
+    logger = MetricsLogger(folder, tensorboard=False)
+    for row in METRICS:
+        logger.log(row["step"], {k: v for k, v in row.items() if k != "step"})
+    logger.close()
+    path = folder / "metrics.jsonl"
+    lines = path.read_bytes().split(b"\n")[:-1]
+    data = damage(path.read_bytes(), ops)
+    path.write_bytes(data)
+    written = [json.loads(line) for line in lines]
+
+    rows = metric_rows(path)
+    assert all(written[i] in rows for i in _whole(lines, data))
+    assert all(is_metric(v) for r in rows for v in r.values())
+    try:
+        assert read_metrics(folder) == rows
+    except ValueError as e:
+        assert str(path) in str(e)
+    if rows:  # a metrics file with no row is not a run folder to the viewer
+        run = read_run(folder)
+        assert list(run.metrics_rows) == rows
+        overview(run)  # the curves are drawn

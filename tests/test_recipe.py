@@ -4,6 +4,7 @@ resumed rerun. Toy size: the tiny model, 3 scenarios, 2 SFT steps, 1 RL step."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -129,6 +130,15 @@ def test_training_stops_at_its_sampled_token_budget_and_resumes_with_its_count(t
     first = json.loads(r.stdout.strip().splitlines()[-1])
     assert first["steps"] == 1 and first["sampled_tokens"] > 0  # one step spends the budget of 1
     assert (out / "checkpoints" / "step_000001").is_dir()
+    # the count comes from metrics.jsonl: a row damaged since is a one-line error, never a wrong budget
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    row = json.loads((damaged / "metrics.jsonl").read_text())
+    (damaged / "metrics.jsonl").write_text(json.dumps({**row, "sampled_tokens": "x"}) + "\n")
+    r = _train(*common, f"out_dir={damaged}", "steps=5", "sampled_token_budget=100000", "--resume")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert f"{damaged / 'metrics.jsonl'} line 1 is not a metrics row ('sampled_tokens' holds" in r.stderr
+    assert "the sampled tokens of steps 1-1 cannot be counted" in r.stderr
     r = _train(*common, "steps=5", f"sampled_token_budget={first['sampled_tokens'] + 1}", "--resume")
     assert r.returncode == 0, r.stderr[-3000:]
     second = json.loads(r.stdout.strip().splitlines()[-1])

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from sage_rl.eval.ci import paired_difference, paired_outcomes
 from sage_rl.rollout.pool import SCREENS
 from sage_rl.settings import RunConfig, TrainConfig
+from sage_rl.train.logging import metrics_row
 from sage_rl.types import Chain
 from sage_rl.view.read import read_jsonl
 
@@ -49,6 +51,7 @@ SPLITS = {"heldout": "train_heldout", "dev": "dev"}
 NO_LIBRARY = frozenset({"sft_nolib", "sft_inline", "grpo_nolib", "sage_nolib"})
 
 C = TypeVar("C", bound=RunConfig)
+T = TypeVar("T")
 
 
 def without_library(cfg: C) -> C:
@@ -96,14 +99,27 @@ def per_task(folder: Path) -> dict[str, list[float]]:
     A line that is not a chain (a damaged file) is left out with a warning naming it: its tasks'
     steps and tokens are missing (None in ``units``), as where trajectories are gone."""
     out: dict[str, list[float]] = {}
-    problems: list[str] = []
     for path in sorted(folder.glob("trajectories*.jsonl"))[:1]:  # one strategy: the headline
-        for chain in read_jsonl(path, Chain.from_dict, "chain record", problems):
+        for chain in readable(path, Chain.from_dict, "chain record"):
             for t in chain.trajectories:
                 out[t.task.task_id] = [len(t.turns), t.num_generated_tokens]
+    return out
+
+
+def readable(path: Path, parse: Callable[[Any], T], what: str) -> list[T]:
+    """The records of a JSON Lines file that ``parse`` accepts (``view.read.read_jsonl``); each line
+    that is not one is left out with a warning naming the file and line; a missing file is empty."""
+    problems: list[str] = []
+    records = read_jsonl(path, parse, what, problems)
     for problem in problems:
         log.warning(problem)
-    return out
+    return records
+
+
+def metric_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a run's ``metrics.jsonl`` (``train.logging.metrics_row``: numbers only), damaged
+    lines left out with a warning: what the results' curves and the report plot."""
+    return readable(path, metrics_row, "metrics row")
 
 
 def units(ev: dict[str, Any]) -> list[dict[str, Any]]:
@@ -166,11 +182,7 @@ def screened_templates(run_dir: Path) -> set[str] | None:
     path = run_dir / SCREENS
     if not path.is_file():
         return None
-    problems: list[str] = []
-    pools = read_jsonl(path, _pool, "screen row with a pool", problems)
-    for problem in problems:
-        log.warning(problem)
-    return {t for pool in pools for t in pool}
+    return {t for pool in readable(path, _pool, "screen row with a pool") for t in pool}
 
 
 def _pool(row: Any) -> list[str]:

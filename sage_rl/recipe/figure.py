@@ -8,8 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sage_rl.recipe.controls import MODELS, RL_START, SPLITS, curve, paired_curve
-from sage_rl.recipe.status import jsonl_rows
+from sage_rl.recipe.controls import MODELS, RL_START, SPLITS, curve, metric_rows, paired_curve
 from sage_rl.runs.console import err
 from sage_rl.settings import TrainConfig
 from sage_rl.train.layout import STEP_NAME, RunFolder
@@ -42,7 +41,7 @@ def curves(done: dict[str, Any], out: Path) -> dict[str, list[tuple[int, float]]
     """Each RL arm's greedy TGC curve on the first ``eval.scenarios`` scenarios of ``eval.split``
     (``controls.curve``), from its own start model's measured TGC."""
     n = done["cfg"].eval.scenarios
-    return {arm: curve(start, final, jsonl_rows(out / arm / "metrics.jsonl"), n) for arm, start, final in _arms(done, out)}
+    return {arm: curve(start, final, metric_rows(out / arm / "metrics.jsonl"), n) for arm, start, final in _arms(done, out)}
 
 
 def paired_curves(done: dict[str, Any], out: Path) -> dict[str, list[list[float]]]:
@@ -53,7 +52,7 @@ def paired_curves(done: dict[str, Any], out: Path) -> dict[str, list[list[float]
     table = {}
     for arm, start, final in _arms(done, out):
         run = RunFolder.of(out / arm)
-        rows = [r for r in jsonl_rows(run.metrics) if "sampled_tokens_total" in r]
+        rows = [r for r in metric_rows(run.metrics) if "sampled_tokens_total" in r]
         if rows:
             # the last step's point is the final one (its after-run evaluation, where it has one)
             points = [(r["sampled_tokens_total"], ev) for r in rows[:-1] if (ev := _saved_eval(run, r.get("step")))]
@@ -91,7 +90,7 @@ def plot(done: dict[str, Any], out: Path, path: Path) -> None:
     styles = {"sage": "-", "grpo_lib": "--", "grpo_nolib": ":"}
     for name, points in curves(done, out).items():
         style = styles[name]
-        steps = [r for r in jsonl_rows(out / name / "metrics.jsonl") if "reward" in r]
+        steps = [r for r in metric_rows(out / name / "metrics.jsonl") if "reward" in r]
         x = [r.get("sampled_tokens_total", 0) for r in steps]
         for k in sorted({k for r in steps for k in r if k.startswith("reward/k")}):
             ax1.plot(x, [r.get(k) for r in steps], style, marker="o", label=f"{name} {k.split('/')[1]}")
@@ -108,7 +107,7 @@ def plot(done: dict[str, Any], out: Path, path: Path) -> None:
     if not done["rl"]:  # stopped after SFT (--until sft): the SFT runs' held-out loss instead
         ax1.cla()
         for name in ("sft", "sft_inline"):
-            rows = [r for r in jsonl_rows(out / name / "metrics.jsonl") if "eval_loss" in r]
+            rows = [r for r in metric_rows(out / name / "metrics.jsonl") if "eval_loss" in r]
             ax1.plot([r["step"] for r in rows], [r["eval_loss"] for r in rows], marker="o", label=name)
         ax1.set(title="SFT held-out loss", xlabel="optimizer step", ylabel="loss")
         ax2.text(0.5, 0.5, "RL stages not run", ha="center", va="center", transform=ax2.transAxes)

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from sage_rl.eval.ci import format_ci, paired_outcomes
-from sage_rl.files import json_lines, write_atomic
+from sage_rl.files import write_atomic
+from sage_rl.recipe.controls import metric_rows
 
 #: (stage key in the state, column label) of the evaluations, in order.
 EVALS = (("eval_base", "base"), ("eval_sft", "SFT"), ("eval_sage", "SAGE"))
@@ -217,10 +218,6 @@ def write_report(root: Path, cfg: Any, state: Mapping[str, Any]) -> dict[str, An
     return summary
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return json_lines(path)
 
 
 def plot_title(cfg: Any, state: Mapping[str, Any]) -> str:
@@ -254,7 +251,7 @@ def plot(root: Path, state: Mapping[str, Any], splits: Sequence[str], title: str
     ax1.set_xticks([i + width * (len(splits) - 1) / 2 for i in range(len(stages))], [s for _, s in stages])
     ax1.set(title="TGC by stage (95% bootstrap)", ylabel="TGC (%)", ylim=(0, 100))
     ax1.legend(fontsize=8)
-    sft = _rows(root / "sft" / "metrics.jsonl")
+    sft = metric_rows(root / "sft" / "metrics.jsonl")
     train = [r for r in sft if "loss" in r]
     held = [r for r in sft if "eval_loss" in r]
     ax2.plot([r["step"] for r in train], [r["loss"] for r in train], label="train")
@@ -263,7 +260,7 @@ def plot(root: Path, state: Mapping[str, Any], splits: Sequence[str], title: str
         ax2.plot([r["step"] for r in held], [r.get(key) for r in held], ls=":", label=key.split("/")[1])
     ax2.set(title="SFT loss (nats per trained token)", xlabel="step")
     ax2.legend(fontsize=7)
-    rl = [r for r in _rows(root / "sage" / "metrics.jsonl") if r.get("step", 0) > 0 and "reward" in r]
+    rl = [r for r in metric_rows(root / "sage" / "metrics.jsonl") if r.get("step", 0) > 0 and "reward" in r]
     for key in ["reward", *sorted({k for r in rl for k in r if k.startswith("reward/k")})]:
         ax3.plot([r["step"] for r in rl], [r.get(key) for r in rl], marker="o", label=key)
     ax3.set(title="SAGE reward by position", xlabel="step")

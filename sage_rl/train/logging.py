@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sage_rl.files import json_lines
 from sage_rl.skills.usage import SkillCredit, used_skills_from_calls
+from sage_rl.text import brief
 from sage_rl.train.layout import RunFolder
 from sage_rl.types import Sample, StopReason, Trajectory
 
@@ -100,9 +100,36 @@ def truncate_metrics(path: Path, offset: int) -> None:
         f.truncate(offset)
 
 
+def is_metric(v: Any) -> bool:
+    """What ``MetricsLogger.log`` writes for a value: a number, or null for a non-finite one."""
+    return v is None or (isinstance(v, int | float) and not isinstance(v, bool))
+
+
+def metrics_row(d: Any) -> dict[str, Any]:
+    """``d`` when it is a row as ``MetricsLogger.log`` writes it (an integer ``step``; every value a
+    number, or null for a non-finite one), else ``ValueError`` naming what is not. Every reader of
+    ``metrics.jsonl`` takes rows through this, so a damaged value is refused at its line, never
+    deeper in a sum or a plot."""
+    if not isinstance(d, dict) or type(d.get("step")) is not int:
+        raise ValueError("expected an object with an integer 'step'")
+    for k, v in d.items():
+        if not is_metric(v):
+            raise ValueError(f"{k!r} holds {brief(v)}, not a number")
+    return d
+
+
 def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every row of a run's ``metrics.jsonl``; a line that is not one is a ``ValueError`` naming the
+    file and line (a resumed run's sampled-token count cannot be had without it)."""
     path = RunFolder.of(run_dir).metrics
-    return json_lines(path)
+    rows = []
+    for lineno, line in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if line.strip():
+            try:
+                rows.append(metrics_row(json.loads(line)))
+            except ValueError as e:  # not JSON, not UTF-8, not a row
+                raise ValueError(f"{path} line {lineno} is not a metrics row ({e})") from None
+    return rows
 
 
 def _finite(v: Any) -> Any:

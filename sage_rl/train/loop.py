@@ -139,7 +139,12 @@ def _sampled_so_far(out: RunFolder, start: int) -> int:
     """Sampled tokens of the steps before ``start`` (a resumed run), from its metrics rows."""
     if start == 0:
         return 0
-    rows = [r for r in read_metrics(out.root) if 0 < r.get("step", 0) <= start and "sampled_tokens" in r]
+    try:
+        rows = [r for r in read_metrics(out.root) if 0 < r["step"] <= start and "sampled_tokens" in r]
+        if any(r["sampled_tokens"] is None for r in rows):
+            raise ValueError(f"{out.metrics}: a row's 'sampled_tokens' is null")
+    except (OSError, ValueError) as e:  # damaged after it was written: the budget cannot be kept
+        raise CheckpointError(f"{e}: the sampled tokens of steps 1-{start} cannot be counted") from None
     return sum(int(r["sampled_tokens"]) for r in rows)
 
 

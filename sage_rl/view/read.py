@@ -29,6 +29,8 @@ import yaml
 
 from sage_rl.collect_store import LEDGER, ScenarioRecord
 from sage_rl.data.records import ChatExample
+from sage_rl.text import brief
+from sage_rl.train.logging import is_metric, metrics_row
 from sage_rl.types import Chain
 
 Kind = Literal["train", "eval", "collect"]
@@ -118,7 +120,7 @@ def read_run(path: str | Path) -> RunData:
         sections = tuple(
             ChainSection(f"step {n}", f"s{n}", f, tuple(_chains(f, problems)), step=n) for n, f in files
         )
-        rows = read_jsonl(path / "metrics.jsonl", _metrics_row, "metrics row", problems)
+        rows = read_jsonl(path / "metrics.jsonl", metrics_row, "metrics row", problems)
         return RunData(
             path,
             kind,
@@ -172,25 +174,6 @@ def _parse_line(path: Path, lineno: int, raw: bytes, parse, what: str, problems:
         return None
 
 
-def _number(v: Any) -> bool:
-    """What ``MetricsLogger`` writes for a value: a number, or null for a non-finite one."""
-    return v is None or (isinstance(v, int | float) and not isinstance(v, bool))
-
-
-def _metrics_row(d: Any) -> dict[str, Any]:
-    if not isinstance(d, dict) or type(d.get("step")) is not int:
-        raise ValueError("expected an object with an integer 'step'")
-    bad = next((k for k, v in d.items() if not _number(v)), None)
-    if bad is not None:
-        raise ValueError(f"{bad!r} holds {_short(d[bad])}, not a number")
-    return d
-
-
-def _short(v: Any) -> str:
-    text = json.dumps(v)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _train_summary(f: Path, problems: list[str]) -> dict[str, Any] | None:
     """``summary.json`` of a training run with what the overview reads checked (``steps``,
     ``wall_s``; ``before``, ``after`` and ``kept``, each an object of numbers): a value of another
@@ -201,9 +184,9 @@ def _train_summary(f: Path, problems: list[str]) -> dict[str, Any] | None:
     bad: list[str] = []
 
     def number(where: str, v: Any) -> Any:
-        if _number(v):
+        if is_metric(v):
             return v
-        bad.append(f"{where} = {_short(v)}")
+        bad.append(f"{where} = {brief(v)}")
         return None
 
     out = {**data, **{k: number(k, data[k]) for k in ("steps", "wall_s") if k in data}}
