@@ -25,9 +25,8 @@ from sage_rl.policies.base import SamplingParams
 from sage_rl.rollout.chain import SkillsConfig
 from sage_rl.rollout.episode import AgentConfig
 from sage_rl.sandbox.limits import SandboxLimits
-from sage_rl.train.loop import LoopConfig
+from sage_rl.train.config import LoopConfig, TrainerConfig
 from sage_rl.train.sft_config import SFTDataOptions, SFTLora, SFTOptim
-from sage_rl.train.trainer import TrainerConfig
 
 
 class PolicyConfig(Section):

@@ -7,11 +7,6 @@ from pathlib import Path
 
 import typer
 
-from sage_rl.build import BuildError
-from sage_rl.collect_store import CollectStore, StoreError
-from sage_rl.data.export import ExportError
-from sage_rl.runs.claim import RunInUse
-from sage_rl.runs.collect import run_collect, saved_jobs
 from sage_rl.runs.console import fail, load_or_exit
 from sage_rl.settings import CollectConfig
 
@@ -23,6 +18,12 @@ def main(
 ) -> None:
     """Run an expert over a split, scenario by scenario, and keep what passes (overrides: key.sub=value)."""
     cfg = load_or_exit(CollectConfig, config, ctx.args, default="configs/collect.yaml")
+    from sage_rl.build import BuildError  # torch and the run's modules, once the config is good
+    from sage_rl.collect_store import CollectStore, StoreError
+    from sage_rl.data.export import ExportError
+    from sage_rl.runs.claim import RunInUse
+    from sage_rl.runs.collect import run_collect, saved_jobs
+
     out = Path(cfg.out_dir)
     opened: list[CollectStore] = []  # the store, once the suite and the plan are known to be good
     try:

@@ -7,12 +7,7 @@ import json
 
 import typer
 
-from sage_rl.build import BuildError
-from sage_rl.eval.report import ReportError
-from sage_rl.eval.resume import ResumeError
-from sage_rl.runs.claim import RunInUse
 from sage_rl.runs.console import err, fail, load_or_exit
-from sage_rl.runs.eval import run_evaluation
 from sage_rl.settings import EvalRunConfig
 
 
@@ -26,6 +21,12 @@ def main(
 ) -> None:
     """Scenario-ordered evaluation. Overrides: key.sub=value (e.g. split=test_normal policy.kind=scripted)."""
     cfg = load_or_exit(EvalRunConfig, config, ctx.args, default="configs/eval.yaml")
+    from sage_rl.build import BuildError  # torch and the run's modules, once the config is good
+    from sage_rl.eval.report import ReportError
+    from sage_rl.eval.resume import ResumeError
+    from sage_rl.runs.claim import RunInUse
+    from sage_rl.runs.eval import run_evaluation
+
     try:
         result = run_evaluation(cfg, resume=resume)
     except (BuildError, ReportError, ResumeError) as e:  # ReportError: the rest of the run folder was written

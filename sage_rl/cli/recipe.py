@@ -7,12 +7,8 @@ import json
 
 import typer
 
-from sage_rl.build import BuildError
-from sage_rl.eval.resume import ResumeError
-from sage_rl.runs.claim import RunInUse
 from sage_rl.runs.console import fail, load_or_exit
 from sage_rl.settings import TrainConfig
-from sage_rl.train.checkpoint import CheckpointError
 
 DEFAULT = "configs/quickstart.yaml"
 
@@ -35,7 +31,11 @@ def main(
 def run_or_exit(cfg: TrainConfig, resume: bool) -> dict:
     """``recipe.run``, its errors mapped to one-line messages and exit codes (2: the config or the
     run folder; 1: the run could not be composed)."""
-    from sage_rl import recipe
+    from sage_rl import recipe  # torch and the run's modules, once the config is good
+    from sage_rl.build import BuildError
+    from sage_rl.eval.resume import ResumeError
+    from sage_rl.runs.claim import RunInUse
+    from sage_rl.train.checkpoint import CheckpointError
     from sage_rl.train.sft_resume import SFTStopped
 
     if cfg.policy.kind != "transformers":

@@ -8,9 +8,7 @@ import typer
 
 from sage_rl.memory import bound_heap
 from sage_rl.runs.console import err, fail, load_or_exit
-from sage_rl.runs.sft import run_sft
 from sage_rl.train.sft_config import SFTConfig
-from sage_rl.train.sft_resume import SFTStopped
 
 
 def main(
@@ -24,6 +22,9 @@ def main(
     """
     bound_heap()  # SFT's freed activations leave the process (sage_rl/memory.py)
     cfg = load_or_exit(SFTConfig, config, ctx.args, default="configs/sft.yaml")
+    from sage_rl.runs.sft import run_sft  # torch and the run's modules, once the config is good
+    from sage_rl.train.sft_resume import SFTStopped
+
     try:
         result = run_sft(cfg, show_progress=not as_json)
     except (ValueError, RuntimeError, OSError) as e:  # bad data, unloadable model: one-line errors

@@ -11,14 +11,10 @@ import json
 
 import typer
 
-from sage_rl.build import BuildError
 from sage_rl.cli import recipe as recipe_cmd
 from sage_rl.memory import bound_heap
-from sage_rl.runs.claim import RunInUse
 from sage_rl.runs.console import err, fail, load_or_exit
-from sage_rl.runs.train import NoStartModel, run_train
 from sage_rl.settings import TrainConfig
-from sage_rl.train.checkpoint import CheckpointError
 
 DEFAULT = "configs/quickstart.yaml"
 
@@ -49,6 +45,11 @@ def main(
 
 
 def _train_or_exit(cfg: TrainConfig, resume: bool) -> dict:
+    from sage_rl.build import BuildError  # torch and the run's modules, once the config is good
+    from sage_rl.runs.claim import RunInUse
+    from sage_rl.runs.train import NoStartModel, run_train
+    from sage_rl.train.checkpoint import CheckpointError
+
     if cfg.policy.kind != "transformers":
         raise fail("the local trainer trains a transformers policy (policy.kind=transformers)", 2)
     try:
