@@ -26,6 +26,7 @@ Before this test, a value of another type inside a record (an outcome that is a 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import random
@@ -102,7 +103,7 @@ def damage(data: bytes, ops) -> bytes:
                     continue
                 where, key = places[min(int(args[0] * len(places)), len(places) - 1)]
                 if op == "retype":
-                    where[key] = args[1]
+                    where[key] = copy.deepcopy(args[1])  # a value drawn twice is two values
                 elif isinstance(where, dict):
                     del where[key]
                 lines[n] = json.dumps(record, ensure_ascii=False).encode()

@@ -4,6 +4,7 @@ and a skill's maker and users link to the right tasks; bad input is named and lo
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -385,12 +386,12 @@ def retyped(value, retypes):
         paths = [p for p in _paths(value) if len(p) <= depth]
         *parents, last = paths[min(int(where * len(paths)), len(paths) - 1)] or (None,)
         if last is None:
-            value = new
+            value = copy.deepcopy(new)
             continue
         inner = value
         for k in parents:
             inner = inner[k]
-        inner[last] = new
+        inner[last] = copy.deepcopy(new)  # a value drawn twice is two values
     return value
 
 
