@@ -426,7 +426,7 @@ def test_numbers_of_another_type_are_named_and_the_rest_is_shown(train_run, tmp_
     row = json.loads(rows[1])
     (run / "metrics.jsonl").write_text("\n".join([rows[0], json.dumps({**row, "reward": [1]}), *rows[2:]]) + "\n")
     summary = json.loads((run / "summary.json").read_text())
-    summary["after"]["tgc"], summary["wall_s"] = "x", {}
+    summary["after"]["tgc"], summary["wall_s"], summary["before"] = "x", {}, 5
     (run / "summary.json").write_text(json.dumps(summary))
     config = yaml.safe_load((run / "config.yaml").read_text())
     config["rollout"], config["policy"] = 3, "x"
@@ -435,7 +435,7 @@ def test_numbers_of_another_type_are_named_and_the_rest_is_shown(train_run, tmp_
     assert_links_resolve(page)
     text = unescape(text)
     assert f"{run / 'metrics.jsonl'} line 2 is not a metrics row (ValueError: 'reward' holds [1], not a" in text
-    assert f'{run / "summary.json"}: wall_s = {{}}; after.tgc = "x": not numbers, so they are shown as -' in text
+    assert f'{run / "summary.json"}: wall_s = {{}}; before = 5; after.tgc = "x": not of the type written' in text
     assert len(page.trajs) == 2 * 2 * 2  # every chain is still shown
 
 

@@ -176,7 +176,7 @@ def _parse_line(path: Path, lineno: int, raw: bytes, parse, what: str, problems:
 
 def _train_summary(f: Path, problems: list[str]) -> dict[str, Any] | None:
     """``summary.json`` of a training run with what the overview reads checked (``steps``,
-    ``wall_s``; ``before``, ``after`` and ``kept``, each an object of numbers): a value of another
+    ``wall_s``: numbers; ``before``, ``after`` and ``kept``: objects of numbers): a value of another
     type is named in ``problems`` and read as null (shown as -)."""
     data = _json(f, problems)
     if data is None:
@@ -195,10 +195,11 @@ def _train_summary(f: Path, problems: list[str]) -> dict[str, Any] | None:
         if isinstance(section, dict):
             out[name] = {k: number(f"{name}.{k}", v) for k, v in section.items()}
         elif section is not None:
-            out[name] = number(name, section)
+            bad.append(f"{name} = {brief(section)}")
+            out[name] = None
     if bad:
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-        problems.append(f"{f}: {'; '.join(bad[:3])}{more}: not numbers, so they are shown as -.")
+        problems.append(f"{f}: {'; '.join(bad[:3])}{more}: not of the type written, so shown as -.")
     return out
 
 
