@@ -101,13 +101,14 @@ def truncate_metrics(path: Path, offset: int) -> None:
 
 
 def is_metric(v: Any) -> bool:
-    """What ``MetricsLogger.log`` writes for a value: a number, or null for a non-finite one."""
-    return v is None or (isinstance(v, int | float) and not isinstance(v, bool))
+    """What ``MetricsLogger.log`` writes for a value: a number (``true``/``false`` too, from a
+    trainer that reports a flag as a ``bool``), or null for a non-finite one."""
+    return v is None or isinstance(v, int | float)
 
 
 def metrics_row(d: Any) -> dict[str, Any]:
     """``d`` when it is a row as ``MetricsLogger.log`` writes it (an integer ``step``; every value a
-    number, or null for a non-finite one), else ``ValueError`` naming what is not. Every reader of
+    number or null: ``is_metric``), else ``ValueError`` naming what is not. Every reader of
     ``metrics.jsonl`` takes rows through this, so a damaged value is refused at its line, never
     deeper in a sum or a plot."""
     if not isinstance(d, dict) or type(d.get("step")) is not int:
