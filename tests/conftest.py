@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from appworld_support import suite, venv, world  # noqa: F401 - AppWorld fixtures, built once a session
 from test_sandbox_support import sandbox  # noqa: F401 - one sandbox per test module
+from view_support import collect_run, eval_run, train_run  # noqa: F401 - the viewer's runs, made once a session
 
 
 @pytest.fixture(scope="session")

@@ -117,7 +117,7 @@ def readable(path: Path, parse: Callable[[Any], T], what: str) -> list[T]:
 
 
 def metric_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a run's ``metrics.jsonl`` (``train.logging.metrics_row``: numbers only), damaged
+    """The rows of a run's ``metrics.jsonl`` (``train.logging.metrics_row``: numbers or null), damaged
     lines left out with a warning: what the results' curves and the report plot."""
     return readable(path, metrics_row, "metrics row")
 

@@ -108,9 +108,9 @@ def is_metric(v: Any) -> bool:
 
 def metrics_row(d: Any) -> dict[str, Any]:
     """``d`` when it is a row as ``MetricsLogger.log`` writes it (an integer ``step``; every value a
-    number or null: ``is_metric``), else ``ValueError`` naming what is not. Every reader of
-    ``metrics.jsonl`` takes rows through this, so a damaged value is refused at its line, never
-    deeper in a sum or a plot."""
+    number or null: ``is_metric``), else ``ValueError`` naming what is not. The resume, the viewer,
+    the recipe's report and results read rows through this, so a damaged value is refused at its
+    line, never deeper in a sum or a plot (``recipe.status`` reads per value, showing ``?``)."""
     if not isinstance(d, dict) or type(d.get("step")) is not int:
         raise ValueError("expected an object with an integer 'step'")
     for k, v in d.items():
