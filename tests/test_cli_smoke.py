@@ -81,18 +81,23 @@ def test_bad_config_fails_at_start_naming_the_field(tmp_path):
     assert r.returncode == 2 and "error: no such option: --limit" in r.stderr
 
 
-@pytest.mark.parametrize("command", ["train", "eval", "recipe", "collect", "sft"])
-def test_a_config_error_is_found_before_torch_is_imported(command):
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [((c, "no_such_key=1"), "no_such_key: unknown key") for c in ("train", "eval", "recipe", "collect", "sft")]
+    + [(("choose", "4"), "give STEP=FOLDER")],  # train.best imported the checkpoint code (torch): ~5 s
+    ids=lambda v: v[0] if isinstance(v, tuple) else None,
+)
+def test_an_argument_error_is_found_before_torch_is_imported(argv, error):
     """A misspelt key is reported at once: the command modules import torch and the run's modules
     only once the config is good (torch and transformers took 4-5 s of a 5 s config error)."""
     code = (
         "import sys\nfrom sage_rl.cli import main\n"
-        f"sys.argv = ['sage-rl', {command!r}, 'no_such_key=1']\n"
+        f"sys.argv = ['sage-rl', *{argv!r}]\n"
         "try:\n    main()\nexcept SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.stdout.split() == ["2", "False"], r.stdout + r.stderr[-2000:]
-    assert "no_such_key: unknown key" in r.stderr
+    assert error in r.stderr
 
 
 def test_a_model_that_cannot_be_loaded_is_a_one_line_error(tmp_path):

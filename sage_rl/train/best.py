@@ -30,12 +30,14 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sage_rl.eval.metrics import EvalMetrics
 from sage_rl.files import write_atomic
-from sage_rl.train.checkpoint import CheckpointError, save_model
-from sage_rl.train.layout import RunFolder, step_name
-from sage_rl.train.trainer import Trainer
+from sage_rl.train.layout import CheckpointError, RunFolder, step_name
+
+if TYPE_CHECKING:  # the judge needs torch; the rule and the pointer's reader (sage-rl choose) do not
+    from sage_rl.train.trainer import Trainer
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,8 @@ class KeepBest:
         return {"eval/best_step": float(self.kept.step), "eval/best_tgc": self.kept.tgc}
 
     def _keep(self, trainer: Trainer, best: Best) -> None:
+        from sage_rl.train.checkpoint import save_model
+
         self.root.mkdir(parents=True, exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix=f"{step_name(best.step)}.", dir=self.root))
         try:

@@ -45,13 +45,9 @@ import numpy as np
 import torch
 
 from sage_rl.files import load_failure, write_atomic
-from sage_rl.train.layout import STEP_NAME, RunFolder
+from sage_rl.train.layout import STEP_NAME, CheckpointError, RunFolder
 from sage_rl.train.logging import MetricsLogger
 from sage_rl.train.trainer import Trainer
-
-
-class CheckpointError(ValueError):
-    """A run folder cannot be resumed. The message names the file and what is wrong with it."""
 
 
 @dataclass(frozen=True)

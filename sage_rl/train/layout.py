@@ -26,6 +26,11 @@ from pathlib import Path
 STEP_NAME = re.compile(r"^step_\d{6}$")
 
 
+class CheckpointError(ValueError):
+    """A run folder cannot be resumed. The message names the file and what is wrong with it.
+    (Here, beside the layout, so that readers of a run folder need no torch.)"""
+
+
 def step_name(step: int) -> str:
     return f"step_{step:06d}"
 
