@@ -83,7 +83,10 @@ def test_bad_config_fails_at_start_naming_the_field(tmp_path):
 
 @pytest.mark.parametrize(
     ("argv", "error"),
-    [((c, "no_such_key=1"), "no_such_key: unknown key") for c in ("train", "eval", "recipe", "collect", "sft")]
+    [
+        ((c, "no_such_key=1"), "no_such_key: unknown key")
+        for c in ("train", "eval", "recipe", "collect", "sft")
+    ]
     + [(("choose", "4"), "give STEP=FOLDER")],  # train.best imported the checkpoint code (torch): ~5 s
     ids=lambda v: v[0] if isinstance(v, tuple) else None,
 )
