@@ -20,6 +20,7 @@ from sage_rl.recipe.controls import (
     without_library,
 )
 from sage_rl.recipe.pipeline import train_config
+from sage_rl.rollout.pool import Screen
 from sage_rl.settings import EvalRunConfig, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,9 +110,13 @@ def test_paired_differences_by_hand():
 def test_the_gain_on_and_off_the_screened_pool_by_hand(tmp_path):
     """Where RL's gain lies: the templates its screens drew (``screens.jsonl``, every screen's pool)
     against the others, each paired over its own scenarios."""
-    (tmp_path / "screens.jsonl").write_text(
-        json.dumps({"step": 0, "pool": ["mail_a"]}) + "\n" + json.dumps({"step": 4, "pool": ["mail_a", "todo_b"]}) + "\n"
-    )
+    rows = [
+        Screen(0, {"mail_a": 0.5, "todo_b": 0.0, "note_c": 1.0}, 90, 1.0).row(),
+        Screen(4, {"mail_a": 0.25, "todo_b": 0.75, "note_c": 1.0}, 90, 1.0).row(),
+        # damaged (a rate that is text): left out, as the run that resumes leaves it out
+        {"step": 6, "pool": ["note_c"], "success": {"note_c": "0.5"}, "tokens": 9, "seconds": 1.0},
+    ]
+    (tmp_path / "screens.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     pool = screened_templates(tmp_path)
     assert pool == {"mail_a", "todo_b"} and screened_templates(tmp_path / "none") is None
     assert template_of("todo_b-s2147483650") == "todo_b" and template_of("mail_a") == "mail_a"

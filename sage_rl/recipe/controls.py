@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sage_rl.eval.ci import paired_difference, paired_outcomes
-from sage_rl.rollout.pool import SCREENS
+from sage_rl.rollout.pool import SCREENS, Screen, screens
 from sage_rl.settings import RunConfig, TrainConfig
 from sage_rl.train.logging import metrics_row
 from sage_rl.types import Chain
@@ -176,20 +176,13 @@ def template_of(scenario_id: str) -> str:
 
 
 def screened_templates(run_dir: Path) -> set[str] | None:
-    """Every template any screen of an RL run drew into its pool (``screens.jsonl``); None for a run
-    without a screened pool. A line without a pool (a damaged file) is left out with a warning
-    naming it: its screen's templates are then missing from the pool."""
-    path = run_dir / SCREENS
-    if not path.is_file():
+    """Every template any screen of an RL run drew into its pool (``screens.jsonl``, read as the run
+    reads it: ``rollout.pool.screens``); None for a run without a screened pool. A line that is not
+    a screen row (a damaged file) is left out with a warning naming it: its screen's templates are
+    then missing from the pool."""
+    if not (run_dir / SCREENS).is_file():
         return None
-    return {t for pool in readable(path, _pool, "screen row with a pool") for t in pool}
-
-
-def _pool(row: Any) -> list[str]:
-    pool = row["pool"]
-    if not isinstance(pool, list) or not all(isinstance(t, str) for t in pool):
-        raise ValueError("its pool is not a list of template names")
-    return pool
+    return {t for row in screens(run_dir) for t in Screen.from_row(row).pool}
 
 
 def _named(name: str, d: tuple[float, tuple[float, float]] | None) -> dict[str, Any]:

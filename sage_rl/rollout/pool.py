@@ -93,7 +93,13 @@ class Screen:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Screen:
-        return cls(int(row["step"]), dict(row["success"]), int(row["tokens"]), float(row["seconds"]))
+        """A row of ``screens.jsonl``; a ``ValueError`` (or ``KeyError``, ``TypeError``) where it is
+        not one: a rate of success that is not a number in [0, 1] would move the pool."""
+        success = dict(row["success"])
+        for template, rate in success.items():
+            if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0.0 <= rate <= 1.0:
+                raise ValueError(f"success of {template!r} is {rate!r}, not a rate in [0, 1]")
+        return cls(int(row["step"]), success, int(row["tokens"]), float(row["seconds"]))
 
     def row(self) -> dict[str, Any]:
         return {
