@@ -26,7 +26,7 @@ from typing import Any
 import pydantic
 
 from sage_rl.data.records import ChatExample, DatasetError, read_jsonl
-from sage_rl.text import dumps
+from sage_rl.text import dumps, fault
 
 LEDGER = "progress.jsonl"
 LEDGER_VERSION = 1
@@ -187,8 +187,7 @@ class CollectStore:
         try:
             return ScenarioRecord.from_dict(self._parse_json(line, lineno))
         except (KeyError, TypeError, ValueError) as e:
-            why = " ".join(str(e).split("\n")[:3])  # pydantic's: the count, the field, the fault
-            raise StoreError(f"{self.ledger}:{lineno}: not a scenario record ({why})") from None
+            raise StoreError(f"{self.ledger}:{lineno}: not a scenario record ({fault(e)})") from None
 
     def _parse_json(self, line: bytes, lineno: int) -> dict[str, Any]:
         try:

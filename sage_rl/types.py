@@ -17,6 +17,8 @@ from typing import Any
 
 import pydantic
 
+from sage_rl.text import fault
+
 # --------------------------------------------------------------------------------------------
 # Tasks and outcomes
 # --------------------------------------------------------------------------------------------
@@ -356,8 +358,7 @@ class Chain:
             trajectories = [_trajectory_layout(t) for t in d["trajectories"]]
             return _adapter(cls).validate_python({**d, "trajectories": trajectories})
         except (KeyError, TypeError, AttributeError, ValueError) as e:
-            why = " ".join(str(e).split("\n")[:3])  # pydantic's: the count, the field, the fault
-            raise ValueError(f"not a chain record ({type(e).__name__}: {why})") from None
+            raise ValueError(f"not a chain record ({type(e).__name__}: {fault(e)})") from None
 
 
 @functools.cache

@@ -210,7 +210,7 @@ def test_a_damaged_line_that_claims_another_groups_index_does_not_cost_that_grou
 
 
 SCREENS = [
-    {"step": 0, "pool": ["mail_a", "notes_b"], "success": {"mail_a": 0.5}, "tokens": 10, "seconds": 1.0},
+    {"step": 0, "pool": ["mail_a", "notes_b"], "success": {"mail_a": 0.5, "notes_b": 0.25, "todo_d": 1.0}, "tokens": 10, "seconds": 1.0},
     {"step": 40, "pool": ["music_c"], "success": {"music_c": 0.5}, "tokens": 12, "seconds": 1.5},
 ]
 
