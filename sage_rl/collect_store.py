@@ -26,7 +26,8 @@ from typing import Any
 import pydantic
 
 from sage_rl.data.records import ChatExample, DatasetError, read_jsonl
-from sage_rl.text import dumps, fault
+from sage_rl.text import dumps
+from sage_rl.types import fault
 
 LEDGER = "progress.jsonl"
 LEDGER_VERSION = 1

@@ -62,9 +62,3 @@ def brief(value: Any, limit: int = 40) -> str:
     text = json.dumps(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
-
-def fault(e: BaseException) -> str:
-    """An exception's message on one line, cut to its first three: pydantic's validation error reads
-    "1 validation error for X", the field, the fault, then a link; a record's reader names the first
-    three in its own error."""
-    return " ".join(str(e).split("\n")[:3])

@@ -17,8 +17,6 @@ from typing import Any
 
 import pydantic
 
-from sage_rl.text import fault
-
 # --------------------------------------------------------------------------------------------
 # Tasks and outcomes
 # --------------------------------------------------------------------------------------------
@@ -359,6 +357,13 @@ class Chain:
             return _adapter(cls).validate_python({**d, "trajectories": trajectories})
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise ValueError(f"not a chain record ({type(e).__name__}: {fault(e)})") from None
+
+
+def fault(e: BaseException) -> str:
+    """An exception's message on one line, cut to its first three: pydantic's validation error reads
+    "1 validation error for X", the field, the fault, then a link; a record's reader names the first
+    three in its own error. (Here, as the sandbox's workers load this module and no more.)"""
+    return " ".join(str(e).split("\n")[:3])
 
 
 @functools.cache

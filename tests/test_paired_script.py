@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 from bench_script import load
 
+from sage_rl.rollout.pool import Screen
+
 ROOT = Path(__file__).resolve().parents[1]
 paired = load("paired")
 
@@ -21,7 +23,8 @@ def _eval(run: Path, model: str, rows: list) -> None:
 
 def test_a_run_folders_pair_by_hand(tmp_path, capsys):
     (tmp_path / "sage").mkdir()
-    (tmp_path / "sage" / "screens.jsonl").write_text(json.dumps({"step": 0, "pool": ["mail_a"]}) + "\n")
+    screen = Screen(0, {"mail_a": 0.5, "note_c": 0.0}, 90, 1.0)  # mail_a in the pool
+    (tmp_path / "sage" / "screens.jsonl").write_text(json.dumps(screen.row()) + "\n")
     scen = ["mail_a-s1", "mail_a-s2", "note_c-s1", "note_c-s2"]
     _eval(tmp_path, "sft", [[f"{s}_1", s, s == "note_c-s1"] for s in scen])
     _eval(tmp_path, "sage", [[f"{s}_1", s, s.startswith("mail_a")] for s in scen])
