@@ -63,8 +63,15 @@ _EVAL_ID = re.compile(r"^(?P<template>[a-z0-9_]+)_(?P<n>\d+)$")
 
 
 def scenarios_of_split(split: str) -> tuple[str, ...]:
-    """The scenario ids a split lists (train: its listed seed-0 scenarios)."""
-    return tuple(dict.fromkeys(t.scenario_id for t in split_tasks(split)))
+    """The scenario ids a split lists (train: its listed seed-0 scenarios), in ``split_tasks``'
+    order, named without building a task (630 worlds for ``train_heldout``: seconds)."""
+    return tuple(scenario_id(tpl, seed) for tpl, seed in _listed(split))
+
+
+def scenario_id(template: Template, seed: int) -> str:
+    """Seed 0 of an evaluation template is its fixed scenario ``<template>``; anything else is
+    ``<template>-s<seed>``."""
+    return template.name if template.split != "train" and seed == 0 else f"{template.name}-s{seed}"
 
 
 def task_split(template: Template, seed: int) -> str:
@@ -76,11 +83,8 @@ def task_split(template: Template, seed: int) -> str:
 
 
 def scenario_tasks(template: Template, seed: int, length: int = TASKS_PER_SCENARIO) -> tuple[Task, ...]:
-    """The first ``length`` tasks of scenario (template, seed). Seed 0 of an evaluation template is
-    its fixed scenario ``<template>``; anything else is ``<template>-s<seed>``."""
-    fixed = template.split != "train" and seed == 0
-    sid = template.name if fixed else f"{template.name}-s{seed}"
-    split = task_split(template, seed)
+    """The first ``length`` tasks of scenario (template, seed), named by ``scenario_id``."""
+    sid, split = scenario_id(template, seed), task_split(template, seed)
     return tuple(make_task(template, sid, seed, n, split) for n in range(1, length + 1))
 
 
@@ -91,10 +95,15 @@ def split_tasks(split: str) -> tuple[Task, ...]:
     ``train_heldout`` and ``train_val``: every train template at each of the split's seeds, seed by
     seed, each seed's templates in a fixed shuffled order of the split's own, so that its first N
     scenarios are a spread sample of the templates and a seed added later only appends scenarios."""
+    return tuple(t for tpl, seed in _listed(split) for t in scenario_tasks(tpl, seed))
+
+
+def _listed(split: str) -> list[tuple[Template, int]]:
+    """The (template, seed) of each scenario ``split_tasks`` lists, in its order."""
     if split in SEEDED_SPLITS:
         order = _template_order(split)
-        return tuple(t for seed in SEEDED_SPLITS[split] for tpl in order for t in scenario_tasks(tpl, seed))
-    return tuple(t for tpl in templates(split) for t in scenario_tasks(tpl, 0))
+        return [(tpl, seed) for seed in SEEDED_SPLITS[split] for tpl in order]
+    return [(tpl, 0) for tpl in templates(split)]
 
 
 def _template_order(split: str) -> list[Template]:
@@ -178,5 +187,7 @@ def stats() -> dict[str, Any]:
         "apps": {name: len(app.apis) for name, app in APPS.items()},
         "num_apis": sum(len(a.apis) for a in APPS.values()),
         "scenarios": {s: len(scenarios_of_split(s)) for s in split_names()},
-        "tasks": {s: ("unlimited" if s == "train" else len(split_tasks(s))) for s in split_names()},
+        "tasks": {
+            s: ("unlimited" if s == "train" else TASKS_PER_SCENARIO * len(_listed(s))) for s in split_names()
+        },
     }
