@@ -143,10 +143,7 @@ class PocketWorldSuite:
         return PocketWorldSuite(self._executors, templates)
 
     def split(self, split: str) -> tuple[Task, ...]:
-        listed = tasks.split_tasks(split)
-        if self._scope is None or split not in SCOPED_SPLITS:
-            return listed
-        return tuple(t for t in listed if t.spec["template"] in self._scope)
+        return tasks.split_tasks(split, self._scope if split in SCOPED_SPLITS else None)
 
     def sample_chain(self, rng: random.Random, length: int, split: str = "train") -> tuple[Task, ...]:
         if self._scope is None or split not in SCOPED_SPLITS:

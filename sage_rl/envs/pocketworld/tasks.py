@@ -89,13 +89,15 @@ def scenario_tasks(template: Template, seed: int, length: int = TASKS_PER_SCENAR
 
 
 @functools.cache
-def split_tasks(split: str) -> tuple[Task, ...]:
+def split_tasks(split: str, scope: tuple[str, ...] | None = None) -> tuple[Task, ...]:
     """A fixed evaluation split (3 tasks per scenario, ordered by scenario then position).
     For ``train`` it returns scenario seed 0 of every train template (a sample, not the whole split).
     ``train_heldout`` and ``train_val``: every train template at each of the split's seeds, seed by
     seed, each seed's templates in a fixed shuffled order of the split's own, so that its first N
-    scenarios are a spread sample of the templates and a seed added later only appends scenarios."""
-    return tuple(t for tpl, seed in _listed(split) for t in scenario_tasks(tpl, seed))
+    scenarios are a spread sample of the templates and a seed added later only appends scenarios.
+    ``scope``: only the scenarios of these templates, in the same order (only they are built)."""
+    listed = [(tpl, seed) for tpl, seed in _listed(split) if scope is None or tpl.name in scope]
+    return tuple(t for tpl, seed in listed for t in scenario_tasks(tpl, seed))
 
 
 def _listed(split: str) -> list[tuple[Template, int]]:
