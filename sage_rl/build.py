@@ -20,7 +20,7 @@ import dataclasses
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sage_rl.agent.prompts import DEFAULT_TEMPLATES, PromptBuilder, WorkedExample
 from sage_rl.envs.base import Suite
@@ -29,8 +29,10 @@ from sage_rl.rollout.chain import ChainRunner
 from sage_rl.settings import CollectConfig, PolicyConfig, RunConfig, TrainConfig
 from sage_rl.skills.retrieval import make_retriever
 from sage_rl.train.logging import MetricsLogger
-from sage_rl.train.trainer import Trainer
 from sage_rl.types import SamplingParams
+
+if TYPE_CHECKING:  # torch: imported where a trainer is built, not by a scripted run
+    from sage_rl.train.trainer import Trainer
 
 __all__ = [
     "BuildError",
@@ -220,6 +222,7 @@ def open_training(cfg: TrainConfig, resume: bool) -> Training:
     ``init_from``) is loaded, so it starts from those weights; every later in-place change goes
     through ``Training.sync``."""
     from sage_rl.train.checkpoint import open_run
+    from sage_rl.train.trainer import Trainer
 
     set_threads(cfg.policy)
     source = cfg.init_from or cfg.policy.model  # runs.train.check_start: a set init_from exists
