@@ -95,12 +95,11 @@ def build_policy(cfg: RunConfig, model=None, tokenizer=None) -> Policy:
     p = cfg.policy
     if p.kind == "scripted":
         from sage_rl.envs.pocketworld.expert import ScriptedExpert
-        from sage_rl.models import load_tokenizer
+        from sage_rl.models import token_counter
 
-        tok = load_tokenizer(p.model)  # count the expert's tokens as the default model would
         return ScriptedExpert(
             seed=p.expert_seed,
-            token_counter=lambda text: len(tok.encode(text, add_special_tokens=False)),
+            token_counter=token_counter(p.model),  # count the expert's tokens as the default model would
             inline=not cfg.skills.use_skills,  # no library in the prompt: solve inline, no def
         )
     if p.kind == "openai":

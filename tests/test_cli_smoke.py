@@ -103,17 +103,27 @@ def test_an_argument_error_is_found_before_torch_is_imported(argv, error):
     assert error in r.stderr
 
 
-def test_a_run_against_a_model_server_imports_no_torch():
-    """`policy.kind=openai` samples from a server: the run builds no trainer, so it needs neither
-    torch nor transformers (sage_rl.build imported the trainer at its top: ~5 s of every start)."""
+@pytest.mark.parametrize(
+    ("policy", "built"),
+    [
+        ({"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}, "OpenAIPolicy"),
+        ({"kind": "scripted"}, "ScriptedExpert"),
+    ],
+    ids=["openai", "scripted"],
+)
+def test_a_run_that_trains_no_model_imports_no_torch(policy, built):
+    """A model server samples (`policy.kind=openai`), the scripted expert needs only a token count:
+    neither run needs torch or transformers. sage_rl.build imported the trainer at its top, and the
+    expert's count loaded the tokenizer through transformers (which imports torch): ~5 s a start."""
     code = (
-        "import sys\nfrom sage_rl.build import build_policy\nimport sage_rl.runs.eval\n"
+        "import sys\nfrom sage_rl.build import build_policy\nimport sage_rl.runs.eval, sage_rl.collect\n"
         "from sage_rl.settings import EvalRunConfig\n"
-        "cfg = EvalRunConfig.model_validate({'policy': {'kind': 'openai', 'model': 'm', 'base_url': 'http://127.0.0.1:9/v1'}})\n"
-        "print(type(build_policy(cfg)).__name__, 'torch' in sys.modules, 'transformers' in sys.modules)\n"
+        f"cfg = EvalRunConfig.model_validate({{'policy': {policy!r}}})\n"
+        "p = build_policy(cfg)\n"
+        "print(type(p).__name__, 'torch' in sys.modules, 'transformers' in sys.modules)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.stdout.split() == ["OpenAIPolicy", "False", "False"], r.stdout + r.stderr[-2000:]
+    assert r.stdout.split() == [built, "False", "False"], r.stdout + r.stderr[-2000:]
 
 
 def test_a_model_that_cannot_be_loaded_is_a_one_line_error(tmp_path):

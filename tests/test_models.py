@@ -71,3 +71,21 @@ def test_embedded_smollm2_cache_matches_the_gguf_exactly():
     with torch.no_grad():
         assert torch.equal(model(ids).logits, direct.eval()(ids).logits)
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(134.5e6, rel=0.01)
+
+
+def test_the_token_counter_counts_as_the_tokenizer_does(tiny, tmp_path):
+    """`token_counter` (the `tokenizers` library alone) against the tokenizer's own `encode`, for
+    the embedded model and a saved folder; a path without tokenizer.json goes to `load_tokenizer`."""
+    from sage_rl.models import load_tokenizer, token_counter
+
+    texts = ["", " ", "  two leading", "trailing  ", "\n\n\tx = 1", "ünïcödé ✓ 日本語", "<|im_start|>user\nhi",
+             "def f(a):\n    return apis.notes.search(query=a)['results']", "x" * 3000]  # fmt: skip
+    tok = load_tokenizer()
+    count = token_counter()
+    assert [count(t) for t in texts] == [len(tok.encode(t, add_special_tokens=False)) for t in texts]
+    assert count("<|im_start|>user\nhi") > 1 and count("") == 0
+    save_plain(tiny[0], tmp_path / "m")
+    tiny[1].save_pretrained(tmp_path / "m")
+    assert [token_counter(tmp_path / "m")(t) for t in texts] == [count(t) for t in texts]
+    with pytest.raises(ModelLoadError, match="does not exist"):  # no tokenizer.json: the tokenizer's own path
+        token_counter(tmp_path / "missing")
