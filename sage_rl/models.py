@@ -96,18 +96,24 @@ def load_tokenizer(path: str | os.PathLike[str] | None = None) -> Any:
 
 
 def token_counter(path: str | os.PathLike[str] | None = None) -> Callable[[str], int]:
-    """The number of tokens ``load_tokenizer(path)`` makes of a text (no special tokens), counted by
-    the ``tokenizers`` library its fast tokenizer runs on: no transformers, no torch, so a scripted
-    run (which needs nothing else of the model) starts ~4 s sooner. Where no ``tokenizer.json`` is
-    at hand yet (a GGUF's first use writes it), the tokenizer itself counts."""
+    """The number of tokens ``load_tokenizer(path)`` makes of a text (no special tokens). For a GGUF
+    (the embedded model's included) it is counted by the ``tokenizers`` library on the cached
+    ``tokenizer.json``, which ``load_tokenizer`` wrote from the loaded tokenizer: no transformers,
+    no torch, so a scripted run (which needs nothing else of the model) starts ~4 s sooner. A model
+    folder's own ``tokenizer.json`` may be changed by transformers at load (``add_prefix_space`` and
+    the like), so a folder's tokenizer counts itself, as does a GGUF before its first use."""
     from tokenizers import Tokenizer
 
     source = smollm2_gguf_path() if path is None else Path(path)
-    folder = cache_dir() / "tokenizers" / _gguf_cache_key(source) if source.suffix == ".gguf" else source
-    if not (folder / "tokenizer.json").is_file():
+    cached = (
+        cache_dir() / "tokenizers" / _gguf_cache_key(source) / "tokenizer.json"
+        if source.suffix == ".gguf"
+        else None
+    )
+    if cached is None or not cached.is_file():
         tok = load_tokenizer(path)
         return lambda text: len(tok.encode(text, add_special_tokens=False))
-    fast = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    fast = Tokenizer.from_file(str(cached))
     return lambda text: len(fast.encode(text, add_special_tokens=False).ids)
 
 

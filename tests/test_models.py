@@ -74,8 +74,8 @@ def test_embedded_smollm2_cache_matches_the_gguf_exactly():
 
 
 def test_the_token_counter_counts_as_the_tokenizer_does(tiny, tmp_path):
-    """`token_counter` (the `tokenizers` library alone) against the tokenizer's own `encode`, for
-    the embedded model and a saved folder; a path without tokenizer.json goes to `load_tokenizer`."""
+    """`token_counter` (the `tokenizers` library alone, on the embedded GGUF's cached tokenizer)
+    against the tokenizer's own `encode`; a model folder counts with its tokenizer."""
     from sage_rl.models import load_tokenizer, token_counter
 
     texts = ["", " ", "  two leading", "trailing  ", "\n\n\tx = 1", "ünïcödé ✓ 日本語", "<|im_start|>user\nhi",
