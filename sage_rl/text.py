@@ -61,4 +61,3 @@ def brief(value: Any, limit: int = 40) -> str:
     """``value`` as JSON, cut to ``limit`` characters: a damaged value named in an error message."""
     text = json.dumps(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-

@@ -112,20 +112,21 @@ def assert_links_resolve(page: Page) -> None:
     assert not missing, f"{len(missing)} links lead nowhere, e.g. {missing[:5]}"
 
 
-@pytest.fixture(scope="session")
-def eval_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("view") / "eval"
-    r = cli("eval", "policy.kind=scripted", "limit_scenarios=3", f"out_dir={out}")
+def _scripted_run(tmp_path_factory, command: str, *overrides: str) -> Path:
+    out = tmp_path_factory.mktemp("view") / command
+    r = cli(command, *overrides, f"out_dir={out}")
     assert r.returncode == 0, r.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="session")
+def eval_run(tmp_path_factory) -> Path:
+    return _scripted_run(tmp_path_factory, "eval", "policy.kind=scripted", "limit_scenarios=3")
 
 
 @pytest.fixture(scope="session")
 def collect_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("view") / "collect"
-    r = cli("collect", "num_scenarios=3", "scripted_fail_rate=0.3", f"out_dir={out}")
-    assert r.returncode == 0, r.stderr[-3000:]
-    return out
+    return _scripted_run(tmp_path_factory, "collect", "num_scenarios=3", "scripted_fail_rate=0.3")
 
 
 @pytest.fixture(scope="session")
