@@ -68,7 +68,7 @@ async def sample_groups(cfg: TrainConfig, model: Any, tok: Any, tasks: int, grou
     policy = build_policy(cfg, model=model, tokenizer=tok)
     async with open_suite(cfg, "train") as suite:
         runner = build_runner(cfg, policy, suite)
-        firsts = [s[:1] for s in scenarios_of(suite.split("train"))[:tasks]]
+        firsts = [s[:1] for s in scenarios_of(suite.split("train", tasks))]
         runs = [
             runner.run(task, Library(), group_index=i, chain_index=c, step=0)
             for i, task in enumerate(firsts)

@@ -75,7 +75,7 @@ def main() -> None:
             SamplingParams(temperature=1.0, seed=0),
             make_retriever(RetrievalConfig()),
         )
-        tasks = [t for s in scenarios_of(suite.split(args.split))[: args.scenarios] for t in s]
+        tasks = [t for s in scenarios_of(suite.split(args.split, args.scenarios)) for t in s]
         t0 = time.perf_counter()
         chains = asyncio.run(evaluate_chains(runner, tasks, Library(), concurrency=args.scenarios))
         wall = time.perf_counter() - t0

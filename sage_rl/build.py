@@ -64,7 +64,7 @@ async def open_suite(cfg: RunConfig, split: str | None = None) -> AsyncIterator[
         stack.push_async_callback(suite.close)
         if split is not None:
             try:
-                suite.split(split)
+                suite.split(split, 1)
             except Exception as e:  # a missing split or missing data is a one-line user error
                 raise BuildError(str(e) or type(e).__name__) from e
         yield suite

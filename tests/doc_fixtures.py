@@ -10,11 +10,11 @@ import fcntl
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from cli_server import run_cli
 from doc_commands import ROOT
 from fakes import FakeServer, chat_reply
 
@@ -49,8 +49,9 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def sage_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sage_rl.cli", *args], cwd=cwd, env=_env(env),
-                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)  # fmt: skip
+    """``python -m sage_rl.cli *args`` in ``cwd``, forked from a process that has imported torch,
+    transformers and the commands (cli_server.py)."""
+    return run_cli(args, cwd, _env(env), timeout=300)
 
 
 def _ok(r: subprocess.CompletedProcess) -> None:

@@ -53,6 +53,7 @@ def test_setup_from_a_local_bundle(world: AppWorldPaths, tmp_path: Path) -> None
     assert status.exit_code == 0 and '"ok": true' in status.output
     suite = AppWorldSuite(config_for(AppWorldPaths(world.venv, root)))
     assert [t.task_id for t in suite.split("train")] == ["aaa_1", "aaa_2", "bbb_1"]
+    assert [t.task_id for t in suite.split("train", 1)] == ["aaa_1", "aaa_2"]  # its first scenario, whole
 
 
 async def _episode(env: AppWorldEnvironment, task: Task, answer: object) -> dict:

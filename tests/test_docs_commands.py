@@ -1,7 +1,8 @@
 """Every ``sage-rl`` command shown in README.md and docs/*.md runs (issue 18).
 
 The commands are read from the files at test time (doc_commands.py), so a command added to the
-docs is checked from then on. Each runs as a subprocess in a smoke form: the same subcommand,
+docs is checked from then on. Each runs in a process of its own (forked from one that has imported
+torch, transformers and the commands: cli_server.py) in a smoke form: the same subcommand,
 config and overrides, plus overrides that make it small (``SMALL``: the tiny model, one scenario,
 one step, a temporary out_dir), in a scratch folder holding only a link to configs/ (so nothing
 lands in the checkout). Stand-ins replace what CI lacks where a cheap one exists: a loopback

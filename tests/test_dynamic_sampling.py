@@ -37,7 +37,7 @@ class ScriptedSuite:
     def worked_example(self):
         return None
 
-    def split(self, split):
+    def split(self, split, limit=None):
         return ()
 
     def sample_chain(self, rng, length, split="train"):

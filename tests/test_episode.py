@@ -48,7 +48,7 @@ class OneEnvSuite:
     def __init__(self, env):
         self.env = env
 
-    def split(self, split):
+    def split(self, split, limit=None):
         return (TASK,)
 
     def sample_chain(self, rng, length, split="train"):
@@ -263,9 +263,11 @@ class FakeSuite:
     async def close(self):
         pass
 
-    def split(self, split):
+    def split(self, split, limit=None):
         return tuple(
-            Task(f"s{i}_{k}", f"s{i}", k, f"task {k} of s{i}", split) for i in range(2) for k in (1, 2)
+            Task(f"s{i}_{k}", f"s{i}", k, f"task {k} of s{i}", split)
+            for i in range(min(2, limit or 2))
+            for k in (1, 2)
         )
 
     def sample_chain(self, rng, length, split="train"):

@@ -4,8 +4,10 @@ run, the result equals an unbroken run's, and a folder of another evaluation is 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+from cli_server import run_cli
 
 from sage_rl.config import load_config
 from sage_rl.eval.resume import SETTINGS, ResumeError, start
@@ -129,12 +131,8 @@ def test_chains_of_other_tasks_are_refused(tmp_path, ran):
 
 
 def test_the_command_resumes_and_names_a_mismatch_in_one_line(tmp_path):
-    import subprocess
-    import sys
-
     def cli(*args):
-        cmd = [sys.executable, "-m", "sage_rl.cli", "eval", "policy.kind=scripted", "split=dev", *args]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        return run_cli(["eval", "policy.kind=scripted", "split=dev", *args], Path.cwd())
 
     out = f"out_dir={tmp_path}"
     assert cli("limit_scenarios=1", out).returncode == 0

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from cli_server import run_cli
 from safetensors.torch import load_file
 from test_train_loop import _runner
 
@@ -232,7 +233,6 @@ def test_the_command_reports_the_model_it_kept(tiny_dir, tmp_path):
     its weights are in ``best/``; the run is refused on the held-out split before anything loads."""
     import os
     import subprocess
-    import sys
 
     out = tmp_path / "run"
     args = [f"policy.model={tiny_dir}", "init_from=null", f"out_dir={out}", "pocketworld.sandbox=false",
@@ -241,8 +241,7 @@ def test_the_command_reports_the_model_it_kept(tiny_dir, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def train(*more: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "sage_rl.cli", "train", *args, *more]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        return run_cli(["train", *args, *more], Path.cwd(), env, timeout=600)
 
     refused = train("eval.split=train_heldout", f"out_dir={tmp_path / 'no'}")
     assert refused.returncode == 2 and "a split whose results are reported" in refused.stderr

@@ -6,10 +6,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_server import run_cli
 
 from sage_rl.config import load_config
 from sage_rl.settings import TrainConfig
@@ -19,8 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _cli(command: str, *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    cmd = [sys.executable, "-m", "sage_rl.cli", command, *args]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+    return run_cli([command, *args], cwd, env, timeout=600)
 
 
 def _train(*args: str) -> subprocess.CompletedProcess:

@@ -45,7 +45,7 @@ class TemplateSuite:
     def worked_example(self):
         return None
 
-    def split(self, split):
+    def split(self, split, limit=None):
         return ()
 
     def sample_chain(self, rng, length, split="train"):

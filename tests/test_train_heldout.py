@@ -114,3 +114,39 @@ def test_the_scenario_listing_and_counts_name_what_the_built_split_holds():
         assert tasks.scenarios_of_split(split) == tuple(dict.fromkeys(t.scenario_id for t in built)), split
         assert counts["scenarios"][split] == len(built) // 3
         assert counts["tasks"][split] == ("unlimited" if split == "train" else len(built)), split
+
+
+def test_a_limited_split_builds_only_the_scenarios_it_returns(monkeypatch):
+    """``split(name, limit)`` is the first ``limit`` scenarios of the split, and only they are built:
+    an evaluation of one scenario of ``train_heldout`` built all 630 tasks first (~5-15 s a start),
+    and so did the check that the split exists. Sampling a chain from it builds one scenario."""
+    built = []
+    real = tasks.scenario_tasks
+    monkeypatch.setattr(tasks, "scenario_tasks", lambda *a: built.append(a[:2]) or real(*a))
+    tasks.split_tasks.cache_clear()
+    try:
+        suite, scope = PocketWorldSuite(), PocketWorldSuite(templates=["todo_count_open", "notes_count_tag"])
+        assert suite.split("train_heldout", 2) == HELDOUT[:6] and len(built) == 2
+        whole_scope = tasks.split_tasks("train_heldout", ("notes_count_tag", "todo_count_open"))
+        built.clear()
+        assert scope.split("train_heldout", 1) == whole_scope[:3] and len(built) == 1
+        assert suite.split("dev", 100) == tasks.split_tasks("dev")  # a limit past the end: all of it
+        for s, limit in ((suite, None), (suite, 4), (scope, None), (scope, 2)):
+            built.clear()
+            ids = s.scenario_ids("train_heldout", limit)
+            assert not built  # named, none built
+            assert ids == tuple(dict.fromkeys(t.scenario_id for t in s.split("train_heldout")))[:limit]
+        assert scope.scenario_ids("dev") == suite.scenario_ids("dev")  # a scope narrows only the train splits
+        for seed in range(20):  # the same draw as from the whole split, one scenario built
+            i = random.Random(seed).randrange(len(HELDOUT) // 3)
+            built.clear()
+            assert tasks.sample_chain(random.Random(seed), 2, "train_heldout") == HELDOUT[3 * i : 3 * i + 2]
+            assert len(built) == 1
+            j = random.Random(seed).randrange(len(whole_scope) // 3)
+            assert (
+                scope.sample_chain(random.Random(seed), 3, "train_heldout") == whole_scope[3 * j : 3 * j + 3]
+            )
+        with pytest.raises(ValueError, match="unknown split 'heldout'.*'train_heldout', 'train_val'"):
+            suite.split("heldout", 1)
+    finally:
+        tasks.split_tasks.cache_clear()

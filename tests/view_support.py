@@ -7,23 +7,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from cli_server import run_cli
 
 from sage_rl.types import Chain
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "sage_rl.cli"]
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "wbr"}
 
 
 def cli(*args, timeout=600):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*CLI, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    return run_cli(list(args), ROOT, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=timeout)
 
 
 @dataclasses.dataclass(frozen=True)

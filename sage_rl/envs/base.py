@@ -56,8 +56,9 @@ class Suite(Protocol):
     #: variables as ``sage_rl/agent/prompts``), or None for those defaults.
     prompt_dir: Path | None
 
-    def split(self, split: str) -> tuple[Task, ...]:
-        """A fixed evaluation split, ordered by scenario then position."""
+    def split(self, split: str, limit: int | None = None) -> tuple[Task, ...]:
+        """A fixed evaluation split, ordered by scenario then position; ``limit``: only its first N
+        scenarios (a suite that builds its tasks builds only those)."""
         ...
 
     def sample_chain(self, rng: random.Random, length: int, split: str = "train") -> tuple[Task, ...]:

@@ -25,7 +25,6 @@ from typing import Any
 
 from sage_rl.config import dump_config
 from sage_rl.eval.resume import same_settings
-from sage_rl.eval.runner import scenarios_of
 from sage_rl.files import write_atomic
 from sage_rl.memory import bound_heap, peak_rss_bytes, release_memory, reset_peak, stage_peaks_wanted
 from sage_rl.recipe.report import write_report
@@ -177,8 +176,7 @@ def listed_scenarios(ev: EvalRunConfig) -> list[str] | None:
         return None
     from sage_rl.envs.pocketworld.env import PocketWorldSuite
 
-    tasks = PocketWorldSuite(templates=ev.pocketworld.templates).split(ev.split)
-    return [s[0].scenario_id for s in scenarios_of(tasks)[: ev.limit_scenarios]]
+    return list(PocketWorldSuite(templates=ev.pocketworld.templates).scenario_ids(ev.split, ev.limit_scenarios))
 
 
 def missing_scenarios(listed: list[str], outcomes: Any) -> list[str]:

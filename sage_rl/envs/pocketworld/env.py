@@ -142,8 +142,13 @@ class PocketWorldSuite:
         """This suite narrowed to ``templates`` (same executors): a screened RL pool (issue 27)."""
         return PocketWorldSuite(self._executors, templates)
 
-    def split(self, split: str) -> tuple[Task, ...]:
-        return tasks.split_tasks(split, self._scope if split in SCOPED_SPLITS else None)
+    def split(self, split: str, limit: int | None = None) -> tuple[Task, ...]:
+        return tasks.split_tasks(split, self._scope if split in SCOPED_SPLITS else None, limit)
+
+    def scenario_ids(self, split: str, limit: int | None = None) -> tuple[str, ...]:
+        """The ids of the scenarios ``split(split, limit)`` holds, in order, none built."""
+        listed = tasks.listed_scenarios(split, self._scope if split in SCOPED_SPLITS else None)
+        return tuple(tasks.scenario_id(tpl, seed) for tpl, seed in listed[:limit])
 
     def sample_chain(self, rng: random.Random, length: int, split: str = "train") -> tuple[Task, ...]:
         if self._scope is None or split not in SCOPED_SPLITS:
@@ -156,9 +161,8 @@ class PocketWorldSuite:
             raise ValueError(
                 f"evaluation scenarios have {TASKS_PER_SCENARIO} tasks; asked for length={length}"
             )
-        listed = self.split(split)
-        start = TASKS_PER_SCENARIO * rng.randrange(len(listed) // TASKS_PER_SCENARIO)
-        return listed[start : start + length]
+        listed = tasks.listed_scenarios(split, self._scope)
+        return tasks.scenario_tasks(*listed[rng.randrange(len(listed))], length)
 
     def worked_example(self, template: str = "phone_count_relationship") -> tuple[str, tuple[str, ...]]:
         """(instruction, code cells) of a solved *train* task, for the prompt's worked example.

@@ -65,7 +65,7 @@ _EVAL_ID = re.compile(r"^(?P<template>[a-z0-9_]+)_(?P<n>\d+)$")
 def scenarios_of_split(split: str) -> tuple[str, ...]:
     """The scenario ids a split lists (train: its listed seed-0 scenarios), in ``split_tasks``'
     order, named without building a task (630 worlds for ``train_heldout``: seconds)."""
-    return tuple(scenario_id(tpl, seed) for tpl, seed in _listed(split))
+    return tuple(scenario_id(tpl, seed) for tpl, seed in listed_scenarios(split))
 
 
 def scenario_id(template: Template, seed: int) -> str:
@@ -89,23 +89,29 @@ def scenario_tasks(template: Template, seed: int, length: int = TASKS_PER_SCENAR
 
 
 @functools.cache
-def split_tasks(split: str, scope: tuple[str, ...] | None = None) -> tuple[Task, ...]:
+def split_tasks(
+    split: str, scope: tuple[str, ...] | None = None, limit: int | None = None
+) -> tuple[Task, ...]:
     """A fixed evaluation split (3 tasks per scenario, ordered by scenario then position).
     For ``train`` it returns scenario seed 0 of every train template (a sample, not the whole split).
     ``train_heldout`` and ``train_val``: every train template at each of the split's seeds, seed by
     seed, each seed's templates in a fixed shuffled order of the split's own, so that its first N
     scenarios are a spread sample of the templates and a seed added later only appends scenarios.
-    ``scope``: only the scenarios of these templates, in the same order (only they are built)."""
-    listed = [(tpl, seed) for tpl, seed in _listed(split) if scope is None or tpl.name in scope]
-    return tuple(t for tpl, seed in listed for t in scenario_tasks(tpl, seed))
+    ``scope``: only the scenarios of these templates, in the same order; ``limit``: only the first N
+    of those. Only the scenarios returned are built."""
+    return tuple(t for tpl, seed in listed_scenarios(split, scope)[:limit] for t in scenario_tasks(tpl, seed))
 
 
-def _listed(split: str) -> list[tuple[Template, int]]:
-    """The (template, seed) of each scenario ``split_tasks`` lists, in its order."""
+def listed_scenarios(split: str, scope: tuple[str, ...] | None = None) -> list[tuple[Template, int]]:
+    """The (template, seed) of each scenario ``split_tasks`` lists, in its order, none built."""
+    if split not in split_names():
+        raise ValueError(f"unknown split {split!r}; PocketWorld's splits are {list(split_names())}")
     if split in SEEDED_SPLITS:
         order = _template_order(split)
-        return [(tpl, seed) for seed in SEEDED_SPLITS[split] for tpl in order]
-    return [(tpl, 0) for tpl in templates(split)]
+        listed = [(tpl, seed) for seed in SEEDED_SPLITS[split] for tpl in order]
+    else:
+        listed = [(tpl, 0) for tpl in templates(split)]
+    return [(tpl, seed) for tpl, seed in listed if scope is None or tpl.name in scope]
 
 
 def _template_order(split: str) -> list[Template]:
@@ -117,9 +123,8 @@ def sample_chain(rng: random.Random, length: int, split: str = "train") -> tuple
     ``TRAIN_SEEDS`` (unlimited, never a held-out seed); fixed splits: one of their scenarios
     (``length`` <= 3)."""
     if split in SEEDED_SPLITS:
-        listed = split_tasks(split)
-        scenarios = [listed[i : i + TASKS_PER_SCENARIO] for i in range(0, len(listed), TASKS_PER_SCENARIO)]
-        return _cut(scenarios[rng.randrange(len(scenarios))], length)
+        listed = listed_scenarios(split)
+        return _cut(scenario_tasks(*listed[rng.randrange(len(listed))]), length)
     pool = templates(split)
     template = pool[rng.randrange(len(pool))]
     if split == "train":
@@ -190,6 +195,7 @@ def stats() -> dict[str, Any]:
         "num_apis": sum(len(a.apis) for a in APPS.values()),
         "scenarios": {s: len(scenarios_of_split(s)) for s in split_names()},
         "tasks": {
-            s: ("unlimited" if s == "train" else TASKS_PER_SCENARIO * len(_listed(s))) for s in split_names()
+            s: ("unlimited" if s == "train" else TASKS_PER_SCENARIO * len(listed_scenarios(s)))
+            for s in split_names()
         },
     }

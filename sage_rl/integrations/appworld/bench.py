@@ -190,7 +190,7 @@ def _bench_task(suite: AppWorldSuite) -> Task:
     """The first task of the first split the world has (train, else dev, ...)."""
     for split in SPLITS:
         with contextlib.suppress(SetupError):
-            if tasks := suite.split(split):
+            if tasks := suite.split(split, 1):
                 return tasks[0]
     raise SetupError(f"the AppWorld data at {suite.paths.data} has no tasks in any split")
 

@@ -37,7 +37,7 @@ from sage_rl.integrations.appworld.connection import WorkerError, WorkerLost, Wo
 from sage_rl.integrations.appworld.outputs import Recording, start_recording
 from sage_rl.integrations.appworld.paths import require_ready
 from sage_rl.integrations.appworld.prompts import APPWORLD_PROMPTS
-from sage_rl.integrations.appworld.tasks import filter_tasks, load_split, sample_chain
+from sage_rl.integrations.appworld.tasks import filter_tasks, load_split, sample_chain, scenarios
 from sage_rl.types import CheckResult, ExecResult, Outcome, Task
 
 RESTORE_NOTE = (
@@ -356,14 +356,17 @@ class AppWorldSuite:
         # Whoever forgets close(): the zygote and the temporary folder still go when Python exits.
         self._finalizer = weakref.finalize(self, self._factory.close)
 
-    def split(self, split: str) -> tuple[Task, ...]:
-        """The tasks of ``split`` that pass the config's difficulty and per-scenario filters."""
+    def split(self, split: str, limit: int | None = None) -> tuple[Task, ...]:
+        """The tasks of ``split`` that pass the config's difficulty and per-scenario filters (of
+        their first ``limit`` scenarios only, when given)."""
         if split not in self._splits:
             tasks = load_split(self.paths.data, split)
             self._splits[split] = filter_tasks(
                 tasks, self.config.difficulties, self.config.num_tasks_per_scenario
             )
-        return self._splits[split]
+        if limit is None:
+            return self._splits[split]
+        return tuple(t for group in list(scenarios(self._splits[split]).values())[:limit] for t in group)
 
     def sample_chain(self, rng: random.Random, length: int, split: str = "train") -> tuple[Task, ...]:
         return sample_chain(self.split(split), rng, length)

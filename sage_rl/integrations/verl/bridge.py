@@ -212,7 +212,7 @@ def train_sequences(cfg: VerlRunConfig, n: int, seed: int) -> list[tuple[Task, .
 def eval_sequences(cfg: VerlRunConfig, split: str, limit: int | None) -> list[tuple[Task, ...]]:
     """The first K tasks of each scenario of ``split``, in scenario order (first ``limit``)."""
     k = cfg.rollout.chain_length
-    return _listing(cfg, lambda suite: [tuple(s[:k]) for s in scenarios_of(suite.split(split))[:limit]])
+    return _listing(cfg, lambda suite: [tuple(s[:k]) for s in scenarios_of(suite.split(split, limit))])
 
 
 def _listing(cfg: VerlRunConfig, read):

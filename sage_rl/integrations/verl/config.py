@@ -25,7 +25,7 @@ from sage_rl.rollout.chain import SkillsConfig
 from sage_rl.rollout.episode import AgentConfig
 from sage_rl.sandbox.limits import SandboxLimits
 from sage_rl.settings import PocketWorldConfig
-from sage_rl.train.loss import LossAgg
+from sage_rl.train.config import LossAgg
 
 #: The registered name of sage-rl's agent loop (agent_loops.yaml) and of its trainer.
 AGENT_LOOP_NAME = "sage_chain"
