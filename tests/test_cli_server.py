@@ -28,14 +28,13 @@ def test_a_forked_command_answers_as_a_fresh_process_does(tmp_path: Path) -> Non
         ["world", "show", "music_follow_playlist_artists_1"],  # stdout
         ["appworld", "status", "--json"],  # reads the environment: the root named above
         ["eval", "split=nonsense"],  # an error: its exit code and its line on stderr
-        ["world", "show", "no_such_task"],
     ]
-    for args in cases:
-        forked, plain = run_cli(args, tmp_path, env), _plain(args, tmp_path, env)
-        assert (forked.returncode, forked.stdout) == (plain.returncode, plain.stdout), args
-        assert forked.stderr.strip().splitlines()[-1:] == plain.stderr.strip().splitlines()[-1:], args
-    assert str(tmp_path / "aw-root") in run_cli(cases[1], tmp_path, env).stdout
-    assert run_cli(cases[2], tmp_path, env).returncode == 2
+    forked = [run_cli(args, tmp_path, env) for args in cases]
+    for args, ours in zip(cases, forked, strict=True):
+        plain = _plain(args, tmp_path, env)
+        assert (ours.returncode, ours.stdout) == (plain.returncode, plain.stdout), args
+        assert ours.stderr.strip().splitlines()[-1:] == plain.stderr.strip().splitlines()[-1:], args
+    assert str(tmp_path / "aw-root") in forked[1].stdout and forked[2].returncode == 2
     # the working folder: a relative out_dir lands there
     done = run_cli(
         ["eval", "policy.kind=scripted", "limit_scenarios=1", "split=dev", "out_dir=rel"], tmp_path, env

@@ -5,7 +5,6 @@ when they do not."""
 import json
 from pathlib import Path
 
-import pytest
 from bench_script import load
 
 from sage_rl.config import load_config
@@ -55,19 +54,27 @@ def test_rl_budget_by_hand(monkeypatch):
     assert budget == 105263 and rule.startswith("left 600 s - 1.5 x eval sft 100 s = 450 s for RL")
 
 
-@pytest.mark.parametrize("deadline", [0.0, 3600.0], ids=["no-time-left", "time-for-rl"])
-def test_quick_gpu_recipe(tmp_path, monkeypatch, deadline):
+def test_quick_gpu_recipe_stops_at_its_deadline_and_resumes_into_rl(tmp_path, monkeypatch):
+    """No time left after the SFT models: base and the SFT models only. The same folder run again
+    with time left reads those stages back (not trained or evaluated again) and runs the three RL
+    arms at one budget."""
     monkeypatch.chdir(ROOT)
-    bench = _bench()
-    out = tmp_path / "g"
-    row = bench.main(["--quick", "--deadline-s", str(deadline), "--out", str(out), "--results", str(out)])
-    assert json.loads((out / "laptop_recipe.json").read_text()) == json.loads(json.dumps(row))
-    assert row["deadline_s"] == deadline and row["device"] == "cpu" and (out / "laptop_recipe.png").is_file()
-    if deadline == 0.0:  # the deadline passed during SFT's evaluation: base and the SFT models only
-        assert row["models"] == ["base", "sft", "sft_nolib", "sft_inline"]
-        assert row["budget_rule"].endswith("RL not run")
-        assert row["sampled_token_budget"] is None and not (out / "sage").exists()
-        return
+    bench, out = _bench(), tmp_path / "g"
+
+    def run(deadline: float) -> dict:
+        row = bench.main(["--quick", "--deadline-s", str(deadline), "--out", str(out), "--results", str(out)])
+        assert json.loads((out / "laptop_recipe.json").read_text()) == json.loads(json.dumps(row))
+        assert row["deadline_s"] == deadline and row["device"] == "cpu" and (out / "laptop_recipe.png").is_file()
+        return row
+
+    row = run(0.0)  # the deadline passed during SFT's evaluation
+    assert row["models"] == ["base", "sft", "sft_nolib", "sft_inline"]
+    assert row["budget_rule"].endswith("RL not run")
+    assert row["sampled_token_budget"] is None and not (out / "sage").exists()
+    made = {p: (out / p).stat().st_mtime_ns for p in ("sft/result.json", "eval/sft_dev/outcomes.json")}
+
+    row = run(3600.0)
+    assert {p: (out / p).stat().st_mtime_ns for p in made} == made  # read back
     assert row["models"] == [
         "base",
         "sft",

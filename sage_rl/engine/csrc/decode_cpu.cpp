@@ -10,8 +10,12 @@
 // exponentials, the values' sums in registers); the residual adds and
 // SiLU(gate) * up read straight out of the blocked products' layout. See docs/LOG.md (2026-12-03,
 // 2026-12-04: twenty-seventh to thirtieth sessions) for what it measured.
-#include <torch/extension.h>
+// The headers it uses, not <torch/extension.h> (all of torch's C++ API): a first build took ~40 s,
+// ~16 s with these (g++ -O3, beside a training run; docs/LOG.md 2026-12-07).
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <immintrin.h>
 
