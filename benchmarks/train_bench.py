@@ -31,7 +31,8 @@ B sequences (prompt P tokens + completion of varying length, right-padded), in m
   over all parameters, on the same batch and weights.
 - ``ours_recompute`` (``--sides``): ours with ``old_logprobs="recompute"`` (one more no-grad forward).
 - ``ours_kl`` (``--sides``): ours with ``log_kl_ref=True`` (the KL to the start model logged, as the
-  recipes do: a reference model's no-grad forward per micro-batch, its shared prefix once a step).
+  recipes do: a reference model's no-grad forward per micro-batch, its shared prefix once a step);
+  ``ours_kl4``: the same measured in every 4th micro-batch (``kl_ref_every=4``).
 Every side holds a model copy with its AdamW state (~2 GB for SmolLM2): mind the memory when
 adding sides. Each shape's figures also go to stderr as soon as they are measured.
 tokens/s = (prompt + completion tokens of the batch) / seconds per step, median over timed steps
@@ -229,6 +230,7 @@ SIDES = {
     "ours_bf16": {"dtype": "bfloat16"},
     "ours_recompute": {"old_logprobs": "recompute"},
     "ours_kl": {"log_kl_ref": True},
+    "ours_kl4": {"log_kl_ref": True, "kl_ref_every": 4},
 }
 
 

@@ -237,6 +237,42 @@ def test_kl_to_the_start_model_is_logged_without_training_on_it():
     assert all(not p.requires_grad for p in logged.ref_model.parameters())
 
 
+def test_a_logged_kl_measured_in_every_nth_micro_batch_is_the_mean_over_those(monkeypatch):
+    """trainer.kl_ref_every = N: the reference runs in micro-batches 0, N, 2N, ... and kl_ref is the
+    token-weighted mean of their KL, the figure every = 1 gives over the same micro-batches (worked
+    from its per-micro-batch values); the weights are untouched by it (the KL is not in the loss)."""
+    from sage_rl.config import ConfigError, load_config
+    from sage_rl.train import trainer as trainer_mod
+
+    per_batch, calls = [], []
+    real_add, real_ref = trainer_mod.StepStats.add, Trainer._ref_logprobs
+
+    def add(self, m, b):
+        per_batch.append((m.kl_measured, m.loss.kl_ref, m.loss.num_tokens))
+        real_add(self, m, b)
+
+    monkeypatch.setattr(trainer_mod.StepStats, "add", add)
+    monkeypatch.setattr(Trainer, "_ref_logprobs", lambda self, *a: calls.append(1) or real_ref(self, *a))
+    opts = {"lr": 1e-2, "log_kl_ref": True, "micro_batch_size": 1, "shared_prefix": False}
+    every = {n: Trainer(small_model(), None, TrainerConfig(**opts, kl_ref_every=n)) for n in (1, 2, 3)}
+    logged = {}
+    for n, tr in every.items():
+        tr.step(batch(), num_chains=5)  # the weights move; the next step's KL is > 0
+        per_batch.clear(), calls.clear()
+        logged[n] = tr.step(batch(), num_chains=5)["kl_ref"]
+        assert [k for k, *_ in per_batch] == [i % n == 0 for i in range(5)] and len(calls) == len(range(0, 5, n))
+        if n == 1:
+            kls = [(kl, t) for _, kl, t in per_batch]
+    for n in (2, 3):
+        picked = kls[::n]
+        assert logged[n] == pytest.approx(sum(k * t for k, t in picked) / sum(t for _, t in picked), rel=1e-6)
+        assert logged[n] != pytest.approx(logged[1], rel=1e-3)  # a subsample, not the whole step's figure
+        for p, q in zip(every[1].model.parameters(), every[n].model.parameters(), strict=True):
+            assert torch.equal(p, q)
+    with pytest.raises(ConfigError, match="kl_ref_every=4 with kl_coef=0.1"):
+        load_config(TrainerConfig, None, ["kl_coef=0.1", "kl_ref_every=4"])
+
+
 def test_bad_inputs_are_named():
     tr = Trainer(small_model(), None, TrainerConfig())
     with pytest.raises(ValueError, match="empty prompt"):

@@ -56,6 +56,7 @@ class MicroStep:
     entropy_BT: torch.Tensor
     tis_BT: torch.Tensor | None = None  # the truncated importance weights, when on
     tis_cap: float = float("inf")
+    kl_measured: bool = False  # the KL to the start model was computed in this micro-batch
 
 
 @dataclass
@@ -72,6 +73,7 @@ class StepStats:
     clip_high_sum: float = 0.0
     approx_kl_sum: float = 0.0
     kl_ref_sum: float = 0.0
+    kl_ref_tokens: int = 0  # generated tokens of the micro-batches where it was measured
     mismatch_sum: float = 0.0
     mismatch_max: float = 0.0
     tis_sum: float | None = None  # None: TIS off
@@ -93,7 +95,9 @@ class StepStats:
         self.clip_low_sum += out.clip_frac_low * n
         self.clip_high_sum += out.clip_frac_high * n
         self.approx_kl_sum += out.approx_kl * n
-        self.kl_ref_sum += out.kl_ref * n
+        if m.kl_measured:
+            self.kl_ref_sum += out.kl_ref * n
+            self.kl_ref_tokens += n
         if n:
             diff = (b.sampler_logp_BT - old_logp_BT.float())[sel].abs()
             self.mismatch_sum += float(diff.sum().item())
@@ -112,7 +116,7 @@ class StepStats:
             "clip_frac_low": self.clip_low_sum / n,
             "clip_frac_high": self.clip_high_sum / n,
             "approx_kl": self.approx_kl_sum / n,
-            "kl_ref": self.kl_ref_sum / n,
+            "kl_ref": self.kl_ref_sum / max(self.kl_ref_tokens, 1),
             "ratio_min": self.ratio_min if self.gen_tokens else 1.0,
             "ratio_max": self.ratio_max if self.gen_tokens else 1.0,
             "logprob_mismatch": self.mismatch_sum / n,
@@ -237,10 +241,11 @@ class Trainer:
         )
         root = self._step_prefix(prepared) if len(groups) > 1 else None
         ref_root = self._ref_prefix(root.ids) if root is not None and self.measures_kl_ref else None
-        for group in groups:
+        for i, group in enumerate(groups):
             n = self._prefix_len(group)
             batch = collate(group, self.pad_id, self.device, n)
-            stats.add(self._micro_step(batch, num_chains, total_tokens, root, ref_root), batch)
+            kl = self.measures_kl_ref and i % self.cfg.kl_ref_every == 0
+            stats.add(self._micro_step(batch, num_chains, total_tokens, root, ref_root, kl), batch)
         if root is not None:
             root.backward()
             stats.forward_tokens += len(root.ids)
@@ -287,9 +292,10 @@ class Trainer:
         total_tokens: int,
         root: StepPrefix | None = None,
         ref_root: RefPrefix | None = None,
+        kl: bool = False,
     ) -> MicroStep:
         # the reference first: its forward's buffers come and go before the policy's activations are kept
-        ref_logp_BT = self._ref_logprobs(b, ref_root) if self.measures_kl_ref else None
+        ref_logp_BT = self._ref_logprobs(b, ref_root) if kl else None
         past = self._past(self.model, b, root)
         if self.cfg.old_logprobs == "recompute":
             with torch.no_grad():
@@ -315,7 +321,7 @@ class Trainer:
         )
         out.loss.backward()
         assert entropy_BT is not None
-        return MicroStep(out, old_logp_BT.detach(), entropy_BT, tis_BT, cap or float("inf"))
+        return MicroStep(out, old_logp_BT.detach(), entropy_BT, tis_BT, cap or float("inf"), kl)
 
     @property
     def measures_kl_ref(self) -> bool:
