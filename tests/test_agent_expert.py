@@ -1,6 +1,7 @@
 """The scripted expert through the full agent loop, in the sandbox (issue 5, "what must hold")."""
 
 import asyncio
+import functools
 
 import pytest
 
@@ -55,6 +56,21 @@ def test_expert_solves_every_task_and_reuses_skills(split):
     for c in chains:
         assert c.used_from[1:] == ((0,), (0,))
         assert all("def " not in (t.code or "") for t in c.trajectories[2].turns)
+
+
+def test_the_expert_builds_a_task_once_not_every_turn(monkeypatch):
+    """It reads the task from its id on each turn; rebuilding it each time built its world again."""
+    from sage_rl.envs.pocketworld import expert, tasks
+
+    suite = PocketWorldSuite()
+    split = suite.split("dev")  # built before counting
+    built, real = [], tasks.make_task
+    monkeypatch.setattr(tasks, "make_task", lambda *a: built.append(a[1:4]) or real(*a))
+    monkeypatch.setattr(expert, "_task", functools.lru_cache(maxsize=64)(tasks.task_by_id))  # a fresh cache
+    chains = asyncio.run(evaluate_chains(_runner(ScriptedExpert(seed=0), suite), split, Library(), concurrency=4))
+    turns = sum(len(t.turns) for c in chains for t in c.trajectories)
+    assert turns > len(split) and len(set(built)) == len(built) == len(split)  # one build per task
+    assert compute_metrics(chains).tgc == 100.0
 
 
 def test_expert_varies_its_trajectories():

@@ -23,6 +23,7 @@ lookups and API calls with every skill's body inlined where it is called, and no
 from __future__ import annotations
 
 import ast
+import functools
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -33,6 +34,9 @@ from sage_rl.envs.pocketworld.scenarios.base import COMMON_NAMES, stable_seed
 from sage_rl.envs.pocketworld.tasks import task_by_id, template_of
 from sage_rl.types import Completion, PolicyRequest
 
+#: A task rebuilt from its id, once: the expert reads it every turn, and a build is a world (or
+#: several, for a template that rejects worlds) plus its sampling.
+_task = functools.lru_cache(maxsize=4096)(task_by_id)
 #: Interchangeable leading verbs for seeded renaming of skills.
 _VERBS = ("get", "fetch", "find", "list", "collect")
 _COMMON_VARIANTS = {
@@ -61,7 +65,7 @@ class ScriptedExpert:
 
     async def generate(self, request: PolicyRequest) -> Completion:
         try:
-            task = task_by_id(request.task_id)
+            task = _task(request.task_id)
         except KeyError as e:
             raise ValueError(f"ScriptedExpert plays PocketWorld tasks only: {e.args[0]}") from None
         cells = self.plan(task, library_names(request.messages))
