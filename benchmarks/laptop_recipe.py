@@ -82,6 +82,7 @@ from sage_rl.runs.collect import run_collect
 from sage_rl.runs.sft import run_sft
 from sage_rl.settings import TrainConfig
 from sage_rl.train.checkpoint import CheckpointError
+from sage_rl.train.sft_resume import SFTStopped
 
 ROOT = Path(__file__).resolve().parents[1]
 #: --quick: the tiny random model, toy sizes, in-process executor: the pipeline in a few minutes.
@@ -296,6 +297,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             done = run(cfg, out, args.until, args.parallel)
     except (RecipeError, CheckpointError, ResumeError, RunInUse) as e:  # --out not this run's, or busy
         sys.exit(f"laptop_recipe: {e}")
+    except SFTStopped as e:  # Ctrl-C or SIGTERM in SFT, after a step and its resume point
+        print(f"laptop_recipe: {e}; the same command goes on from there", file=sys.stderr)
+        sys.exit(130)
     results.mkdir(parents=True, exist_ok=True)
     row = table(done, cfg, out) | {"sft_from": args.sft_from}
     (results / "laptop_recipe.json").write_text(json.dumps(row, indent=1) + "\n")

@@ -197,6 +197,23 @@ def test_sft_from_refuses_an_unfinished_run_and_a_folder_in_the_way(tmp_path, mo
     assert share_sft_stages(src, tmp_path / "fresh", ["train_heldout", "dev"]) == []  # again: none
 
 
+def test_a_signal_in_sft_ends_the_run_in_one_line(tmp_path, monkeypatch, capsys):
+    """SIGTERM in SFT (laptop34, 2026-12-07) printed a traceback; it ends in one line, exit 130."""
+    from sage_rl.train.sft_resume import SFTStopped
+
+    monkeypatch.chdir(ROOT)
+    bench = _bench()
+
+    def stopped(*args, **kwargs):
+        raise SFTStopped("SFT stopped by a signal after step 69 of 80; it resumes there")
+
+    monkeypatch.setattr(bench, "run", stopped)
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--quick", "--out", str(tmp_path / "lr"), "--until", "sft"])
+    err = capsys.readouterr().err
+    assert e.value.code == 130 and "after step 69 of 80" in err and "goes on" in err and "Traceback" not in err
+
+
 def test_quick_never_writes_the_measured_results(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     with pytest.raises(SystemExit):
