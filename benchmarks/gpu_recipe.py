@@ -38,6 +38,7 @@ from sage_rl.config import load_config  # noqa: E402
 from sage_rl.recipe.controls import RL_START  # noqa: E402
 from sage_rl.recipe.results import table  # noqa: E402
 from sage_rl.settings import TrainConfig  # noqa: E402
+from sage_rl.train.sft_resume import SFTStopped  # noqa: E402
 
 #: Share of the RL time spent sampling at the evaluation's rate: the rest pays for training, the
 #: sandbox and the step that overshoots the budget. Conservative: RL samples in bigger batches.
@@ -137,7 +138,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         overrides = [*QUICK, f"policy.model={laptop_recipe._tiny(out)}", *overrides]
     cfg = load_config(TrainConfig, args.config, overrides)
     headline = args.until == "sage"
-    first = laptop_recipe.run(cfg, out, until="sft_lib" if headline else "sft")
+    try:
+        first = laptop_recipe.run(cfg, out, until="sft_lib" if headline else "sft")
+    except SFTStopped as e:  # Ctrl-C or SIGTERM in SFT, after a step and its resume point
+        print(f"gpu_recipe: {e}; the same command goes on from there", file=sys.stderr)
+        sys.exit(130)
     budget, rule = cfg.sampled_token_budget, "given in the config"
     if budget is None:
         left = args.deadline_s - (time.perf_counter() - t0)

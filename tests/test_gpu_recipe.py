@@ -5,6 +5,7 @@ when they do not."""
 import json
 from pathlib import Path
 
+import pytest
 from bench_script import load
 
 from sage_rl.config import load_config
@@ -106,3 +107,20 @@ def test_quick_gpu_recipe_headline(tmp_path, monkeypatch):
     assert row["budget_rule"].startswith("left ") and "1.5 x eval sft" in row["budget_rule"]
     budget = row["sampled_token_budget"]
     assert row["sampled_tokens_sage"] >= budget or row["rl_steps_sage"] == 3  # the toy step cap
+
+
+def test_a_signal_in_sft_ends_the_run_in_one_line(tmp_path, monkeypatch, capsys):
+    from sage_rl.train.sft_resume import SFTStopped
+
+    monkeypatch.chdir(ROOT)
+    bench = _bench()
+
+    def stopped(*args, **kwargs):
+        raise SFTStopped("SFT stopped by a signal after step 3 of 8; it resumes there")
+
+    monkeypatch.setattr(bench.laptop_recipe, "run", stopped)
+    out = str(tmp_path / "g")
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--quick", "--deadline-s", "60", "--out", out, "--results", out])
+    err = capsys.readouterr().err
+    assert e.value.code == 130 and "after step 3 of 8" in err and "goes on" in err and "Traceback" not in err
