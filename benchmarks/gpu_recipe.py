@@ -140,9 +140,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     headline = args.until == "sage"
     try:
         first = laptop_recipe.run(cfg, out, until="sft_lib" if headline else "sft")
-    except SFTStopped as e:  # Ctrl-C or SIGTERM in SFT, after a step and its resume point
-        print(f"gpu_recipe: {e}; the same command goes on from there", file=sys.stderr)
-        sys.exit(130)
+    except SFTStopped as e:
+        laptop_recipe.stopped("gpu_recipe", e)
     budget, rule = cfg.sampled_token_budget, "given in the config"
     if budget is None:
         left = args.deadline_s - (time.perf_counter() - t0)

@@ -47,7 +47,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from sage_rl.config import load_config
 from sage_rl.eval.resume import ResumeError
@@ -241,6 +241,12 @@ def _side_by_side(fn, items: list) -> list:
         return list(pool.map(fn, items))
 
 
+def stopped(prog: str, e: SFTStopped) -> NoReturn:
+    """Ctrl-C or SIGTERM in SFT, after a step and its resume point: one line, exit 130."""
+    print(f"{prog}: {e}; the same command goes on from there", file=sys.stderr)
+    sys.exit(130)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/laptop_recipe.yaml")
@@ -297,9 +303,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             done = run(cfg, out, args.until, args.parallel)
     except (RecipeError, CheckpointError, ResumeError, RunInUse) as e:  # --out not this run's, or busy
         sys.exit(f"laptop_recipe: {e}")
-    except SFTStopped as e:  # Ctrl-C or SIGTERM in SFT, after a step and its resume point
-        print(f"laptop_recipe: {e}; the same command goes on from there", file=sys.stderr)
-        sys.exit(130)
+    except SFTStopped as e:
+        stopped("laptop_recipe", e)
     results.mkdir(parents=True, exist_ok=True)
     row = table(done, cfg, out) | {"sft_from": args.sft_from}
     (results / "laptop_recipe.json").write_text(json.dumps(row, indent=1) + "\n")

@@ -100,7 +100,7 @@ async def run_eval(
     (``Suite.record_to``), one variant per strategy when there are several. ``resume``: the
     scenarios whose chains that file already holds are read back, not run again (``resume.py``).
     """
-    scenarios = scenarios_of(runner.suite.split(cfg.split, cfg.limit_scenarios))[: cfg.limit_scenarios]
+    scenarios = scenarios_of(runner.suite.split(cfg.split, cfg.limit_scenarios))
     tasks = [t for s in scenarios for t in s]
     library = start_library(cfg.library_store)
     t0 = time.perf_counter()

@@ -143,12 +143,15 @@ class PocketWorldSuite:
         return PocketWorldSuite(self._executors, templates)
 
     def split(self, split: str, limit: int | None = None) -> tuple[Task, ...]:
-        return tasks.split_tasks(split, self._scope if split in SCOPED_SPLITS else None, limit)
+        return tasks.split_tasks(split, self._scope_of(split), limit)
 
     def scenario_ids(self, split: str, limit: int | None = None) -> tuple[str, ...]:
         """The ids of the scenarios ``split(split, limit)`` holds, in order, none built."""
-        listed = tasks.listed_scenarios(split, self._scope if split in SCOPED_SPLITS else None)
-        return tuple(tasks.scenario_id(tpl, seed) for tpl, seed in listed[:limit])
+        return tasks.scenarios_of_split(split, self._scope_of(split))[:limit]
+
+    def _scope_of(self, split: str) -> tuple[str, ...] | None:
+        """The scope narrows the train splits only (evaluation templates are never scoped)."""
+        return self._scope if split in SCOPED_SPLITS else None
 
     def sample_chain(self, rng: random.Random, length: int, split: str = "train") -> tuple[Task, ...]:
         if self._scope is None or split not in SCOPED_SPLITS:

@@ -62,10 +62,11 @@ _TRAIN_ID = re.compile(r"^(?P<template>[a-z0-9_]+)-s(?P<seed>\d+)_(?P<n>\d+)$")
 _EVAL_ID = re.compile(r"^(?P<template>[a-z0-9_]+)_(?P<n>\d+)$")
 
 
-def scenarios_of_split(split: str) -> tuple[str, ...]:
-    """The scenario ids a split lists (train: its listed seed-0 scenarios), in ``split_tasks``'
-    order, named without building a task (630 worlds for ``train_heldout``: seconds)."""
-    return tuple(scenario_id(tpl, seed) for tpl, seed in listed_scenarios(split))
+def scenarios_of_split(split: str, scope: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The scenario ids a split lists (train: its listed seed-0 scenarios; ``scope``: only these
+    templates'), in ``split_tasks``' order, named without building a task (630 worlds for
+    ``train_heldout``: seconds)."""
+    return tuple(scenario_id(tpl, seed) for tpl, seed in listed_scenarios(split, scope))
 
 
 def scenario_id(template: Template, seed: int) -> str:

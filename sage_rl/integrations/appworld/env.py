@@ -37,7 +37,7 @@ from sage_rl.integrations.appworld.connection import WorkerError, WorkerLost, Wo
 from sage_rl.integrations.appworld.outputs import Recording, start_recording
 from sage_rl.integrations.appworld.paths import require_ready
 from sage_rl.integrations.appworld.prompts import APPWORLD_PROMPTS
-from sage_rl.integrations.appworld.tasks import filter_tasks, load_split, sample_chain, scenarios
+from sage_rl.integrations.appworld.tasks import filter_tasks, first_scenarios, load_split, sample_chain
 from sage_rl.types import CheckResult, ExecResult, Outcome, Task
 
 RESTORE_NOTE = (
@@ -364,9 +364,7 @@ class AppWorldSuite:
             self._splits[split] = filter_tasks(
                 tasks, self.config.difficulties, self.config.num_tasks_per_scenario
             )
-        if limit is None:
-            return self._splits[split]
-        return tuple(t for group in list(scenarios(self._splits[split]).values())[:limit] for t in group)
+        return first_scenarios(self._splits[split], limit)
 
     def sample_chain(self, rng: random.Random, length: int, split: str = "train") -> tuple[Task, ...]:
         return sample_chain(self.split(split), rng, length)

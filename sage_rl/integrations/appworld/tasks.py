@@ -133,6 +133,13 @@ def scenarios(tasks: tuple[Task, ...]) -> dict[str, tuple[Task, ...]]:
     return {k: tuple(sorted(v, key=lambda t: t.position)) for k, v in out.items()}
 
 
+def first_scenarios(tasks: tuple[Task, ...], limit: int | None) -> tuple[Task, ...]:
+    """The tasks of the first ``limit`` scenarios of ``tasks`` (all of them when None)."""
+    if limit is None:
+        return tasks
+    return tuple(t for group in list(scenarios(tasks).values())[:limit] for t in group)
+
+
 def sample_chain(tasks: tuple[Task, ...], rng: random.Random, length: int) -> tuple[Task, ...]:
     """``length`` tasks of one random scenario, in position order.
 
