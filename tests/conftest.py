@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
@@ -34,3 +35,11 @@ def tiny_dir(tmp_path_factory, tiny) -> Any:
     save_plain(model, d)
     tok.save_pretrained(d)
     return d
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Move what collection imported (torch, transformers, every test module: ~460k objects) out of
+    the collector's sight: a full collection (``release_memory`` after each recipe stage, and
+    Python's own) then scans only what the tests made, ~0.3-0.6 s less each (docs/LOG.md)."""
+    gc.collect()
+    gc.freeze()
