@@ -9,6 +9,7 @@ import pytest
 
 from sage_rl.config import load_config
 from sage_rl.recipe.controls import (
+    by_template,
     curve,
     differences,
     grpo_config,
@@ -131,6 +132,23 @@ def test_the_gain_on_and_off_the_screened_pool_by_hand(tmp_path):
     lo, hi = d["heldout_tgc_sage_minus_sft_offpool_ci"]
     assert -50.0 <= lo <= -25.0 <= hi <= 0.0  # resampling note_c's two scenarios: 0 or -50
     assert on_pool("heldout", "sage", "sft", _ev(rows_a), _ev(rows_b), set())["heldout_tgc_sage_minus_sft_pool"] is None
+
+
+def test_the_templates_two_evaluations_differ_on_by_hand():
+    """Where a difference comes from: per template, the tasks both ran, how many each solved and on
+    how many they differ; a template whose gain and loss cancel still shows; one where nothing
+    changed, and a task only one evaluation ran, do not."""
+    b = _ev([("m-s1_1", "m-s1", True), ("m-s2_1", "m-s2", True), ("t-s1_1", "t-s1", False),
+             ("t-s1_2", "t-s1", True), ("n-s1_1", "n-s1", False), ("q-s1_1", "q-s1", True)])  # fmt: skip
+    a = _ev([("m-s1_1", "m-s1", False), ("m-s2_1", "m-s2", False), ("t-s1_1", "t-s1", True),
+             ("t-s1_2", "t-s1", False), ("n-s1_1", "n-s1", True), ("q-s1_1", "q-s1", True),
+             ("x-s1_1", "x-s1", True)])  # fmt: skip
+    assert by_template(a, b) == {
+        "m": {"tasks": 2, "a": 0, "b": 2, "changed": 2},  # the largest loss first
+        "t": {"tasks": 2, "a": 1, "b": 1, "changed": 2},  # one gained, one lost: 0 net
+        "n": {"tasks": 1, "a": 1, "b": 0, "changed": 1},
+    }
+    assert list(by_template(a, b)) == ["m", "t", "n"] and by_template(a, a) == {}
 
 
 def test_a_curve_starts_from_its_own_start_on_the_loops_scenarios():

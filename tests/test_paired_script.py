@@ -38,3 +38,26 @@ def test_a_run_folders_pair_by_hand(tmp_path, capsys):
     assert "heldout_tgc_sage_minus_sft: +25.00" in out and "heldout_steps_sage_minus_sft: n/a" in out
     with pytest.raises(SystemExit, match="grpo_lib has no finished evaluation"):
         paired.main([str(tmp_path), "grpo_lib", "sft"])
+
+
+def test_an_arms_in_run_evaluations_pair_on_its_loops_split(tmp_path, capsys):
+    """``arm@N``: the arm's greedy evaluation at step N during its run, paired with another on the
+    split its loop evaluated (from its config), with the templates where they differ listed."""
+    evals = tmp_path / "sage" / "evals"
+    evals.mkdir(parents=True)
+    (tmp_path / "sage" / "config.yaml").write_text("eval:\n  split: train_val\n  every: 2\n")
+    scen = ["mail_a-s1", "note_c-s1"]
+    for step, solved in ((0, {"mail_a-s1", "note_c-s1"}), (2, {"note_c-s1"})):
+        rows = [[f"{s}_{n}", s, s in solved] for s in scen for n in (1, 2)]
+        metrics = {"tasks": 4, "scenarios": 2, "tgc": 50.0 * len(solved), "tgc_ci": [0.0, 100.0],
+                   "sgc": 50.0 * len(solved), "sgc_ci": [0.0, 100.0], "avg_steps": 1.0, "avg_tokens": 10.0}  # fmt: skip
+        (evals / f"step_{step:06d}.json").write_text(json.dumps({"metrics": metrics, "outcomes": rows, "wall_s": 1.0}))
+    row = paired.main([str(tmp_path), "sage@2", "sage@0"])
+    assert row["split"] == "train_val"
+    assert row["train_val_tgc_sage@2_minus_sage@0"] == pytest.approx(-50.0)  # mail_a's 2 tasks of 4 lost
+    assert row["templates_changed"] == {"mail_a": {"tasks": 2, "a": 0, "b": 2, "changed": 2}}
+    assert "  mail_a: 0 against 2 of 2 (2 changed)" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="sage has no evaluation at step 4"):
+        paired.main([str(tmp_path), "sage@4", "sage@0"])
+    with pytest.raises(SystemExit, match="pairs only with another"):
+        paired.main([str(tmp_path), "sage@2", "sft"])
