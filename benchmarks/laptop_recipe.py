@@ -32,7 +32,8 @@ setting (``sampling.temperature=1.0``, say; the config's is 0.5) from the very s
 Every evaluation is greedy and scenario-ordered with the same agent limits, every model on the
 same tasks (all of ``recipe.eval.splits``; ``recipe.eval.base_token_budget`` caps the base model).
 Intervals (95%, percentile, seed 0; sage_rl/eval/ci.py) resample whole scenarios; every difference
-is paired (the same scenarios drawn for both models).
+is paired (the same scenarios drawn for both models). An RL arm that kept its start's weights is
+not evaluated again: its start's evaluation is read back (``recipe/twins.py``, ``same_as.json``).
 
 Writes ``<results>/laptop_recipe.json`` and ``<results>/laptop_recipe.png`` (reward by position and
 a greedy held-out TGC curve on the first ``eval.scenarios`` scenarios against sampled tokens, each
@@ -77,6 +78,7 @@ from sage_rl.recipe.pipeline import (
 from sage_rl.recipe.results import table
 from sage_rl.recipe.share import share_sft_stages
 from sage_rl.recipe.status import show as show_status
+from sage_rl.recipe.twins import read_twin, twin
 from sage_rl.runs.claim import RunInUse, claim
 from sage_rl.runs.collect import run_collect
 from sage_rl.runs.sft import run_sft
@@ -166,6 +168,12 @@ def _stages(cfg: TrainConfig, out: Path, until: str, parallel: bool) -> dict[str
                     agent = ev.agent.model_copy(update={"token_budget": r.eval.base_token_budget})
                     ev = ev.model_copy(update={"agent": agent})
                 jobs.append((m, k, ev))
+                if not (Path(ev.out_dir) / "outcomes.json").is_file():  # an RL arm that kept its start
+                    source = twin(ev, sorted((out / "eval").glob(f"*_{split}")))
+                    if source is not None:
+                        read_twin(ev, source)
+                        print(f"[laptop_recipe] eval {m} {split}: read back from {source} (same weights and "
+                              "settings)", file=sys.stderr)  # fmt: skip
         done = _side_by_side(evaluate, [j[2] for j in jobs]) if parallel else [evaluate(j[2]) for j in jobs]
         found: dict[str, Any] = {}
         for (m, k, ev), result in zip(jobs, done, strict=True):

@@ -115,6 +115,15 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
     )
     assert evals["sage_nolib"]["policy"]["model"] == evals["sage"]["policy"]["model"]
     assert evals["sage"]["policy"]["model"].startswith(str(out / "sage" / "best"))  # eval.keep: best
+    # an arm that kept its start's weights (best: step 0) reads its start's evaluation back (recipe/twins.py)
+    for name, start in {**RL_START, "sage_nolib": "sft_nolib"}.items():
+        arm = "sage" if name == "sage_nolib" else name
+        kept_start = json.loads((out / arm / "best" / "best.json").read_text())["step"] == 0
+        folder, source = (out / "eval" / f"{m}_train_heldout" for m in (name, start))
+        assert (folder / "same_as.json").is_file() is kept_start, name
+        if kept_start:
+            assert json.loads((folder / "same_as.json").read_text())["evaluation"] == str(source)
+            assert json.loads((folder / "outcomes.json").read_text()) == json.loads((source / "outcomes.json").read_text())
 
     # equal sampled tokens: each arm stops at the first step that reaches the same budget
     budget, saved = row["sampled_token_budget"], 0
