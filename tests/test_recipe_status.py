@@ -96,6 +96,20 @@ def test_an_arm_that_keeps_its_best_model_says_which(tmp_path):
     assert got["rl grpo_nolib"] == ("done", "steps 3, 9 sampled tokens, keeps step None (TGC n/a)")
 
 
+def test_an_evaluation_read_back_from_its_twin_says_so(tmp_path):
+    """An arm that kept its start's weights has its start's evaluation copied in (recipe/twins.py,
+    ``same_as.json``): done, with the figures and where they come from."""
+    out = tmp_path / "run"
+    for model in ("sft", "sage"):
+        folder = out / "eval" / f"{model}_dev"
+        folder.mkdir(parents=True)
+        (folder / "outcomes.json").write_text(json.dumps({"metrics": {"tgc": 50.0, "sgc": 25.0, "tasks": 24}}))
+    (out / "eval" / "sage_dev" / "same_as.json").write_text(json.dumps({"evaluation": str(out / "eval" / "sft_dev")}))
+    got = {s.name: (s.state, s.detail) for s in stages(out, now=T)}
+    assert got["eval sft dev"] == ("done", "TGC 50.0%, SGC 25.0%, 24 tasks")
+    assert got["eval sage dev"] == ("done", "TGC 50.0%, SGC 25.0%, 24 tasks; read back from sft_dev (the same weights)")
+
+
 def test_damaged_files_are_read_as_what_they_hold(tmp_path):
     out = tmp_path / "run"
     (out / "eval" / "base_dev").mkdir(parents=True)

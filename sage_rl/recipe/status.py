@@ -92,6 +92,9 @@ def evaluation(folder: Path, name: str) -> Stage:
         have, listed = _coverage(folder, done)
         if have < listed:  # the split grew since (``pipeline.evaluate`` runs the new scenarios only)
             return Stage(name, "partial", f"{figures}; {have} of {listed} scenarios, the rest run on resume")
+        same_as = _json(folder / "same_as.json")  # recipe/twins.py: the same weights, evaluated once
+        if same_as is not None:
+            figures += f"; read back from {Path(str(same_as.get('evaluation'))).name} (the same weights)"
         return Stage(name, "done", figures)
     chains = sum(len(jsonl_rows(p)) for p in folder.glob("trajectories*.jsonl"))
     return (
