@@ -121,6 +121,7 @@ def test_quick_laptop_recipe(tmp_path, monkeypatch):
         kept_start = json.loads((out / arm / "best" / "best.json").read_text())["step"] == 0
         folder, source = (out / "eval" / f"{m}_train_heldout" for m in (name, start))
         assert (folder / "same_as.json").is_file() is kept_start, name
+        assert (row["evaluations_read_back"].get(folder.name) == source.name) is kept_start, name  # in the results
         if kept_start:
             assert json.loads((folder / "same_as.json").read_text())["evaluation"] == str(source)
             assert json.loads((folder / "outcomes.json").read_text()) == json.loads((source / "outcomes.json").read_text())

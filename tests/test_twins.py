@@ -131,3 +131,16 @@ def test_anything_else_is_evaluated(tmp_path):
     (Path(start.out_dir) / SETTINGS).write_text(json.dumps(settings_of(start)))
     (Path(start.out_dir) / "outcomes.json").unlink()
     assert twin(_ev(tmp_path / "eval" / "sage_dev", kept), folders) is None  # not finished
+
+
+def test_the_results_name_each_evaluation_read_back(tmp_path):
+    from sage_rl.recipe.results import read_back
+
+    for name, text in (
+        ("sage_dev", json.dumps({"evaluation": str(tmp_path / "eval" / "sft_dev")})),
+        ("grpo_lib_dev", "{"),
+    ):
+        (tmp_path / "eval" / name).mkdir(parents=True)
+        (tmp_path / "eval" / name / SAME_AS).write_text(text)
+    (tmp_path / "eval" / "sft_dev").mkdir()
+    assert read_back(tmp_path) == {"grpo_lib_dev": "unreadable same_as.json", "sage_dev": "sft_dev"}

@@ -5,6 +5,7 @@ runs' budgets and curves, and the SFT runs' sizes."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from pathlib import Path
@@ -23,6 +24,7 @@ from sage_rl.recipe.controls import (
     units,
 )
 from sage_rl.recipe.figure import curves, paired_curves
+from sage_rl.recipe.twins import SAME_AS
 from sage_rl.settings import TrainConfig
 
 
@@ -66,6 +68,7 @@ def table(done: dict[str, Any], cfg: TrainConfig, out: Path) -> dict[str, Any]:
         **{f"rl_steps_{n}": rl.get(n, {}).get("steps") for n in RL_START},
         **{f"rl_kept_{n}": rl.get(n, {}).get("kept") for n in RL_START},  # eval.keep: best's choice
         "rl_start": dict(RL_START),
+        "evaluations_read_back": read_back(out),
         "rl": {"B": cfg.rollout.groups_per_step, "G": cfg.rollout.group_size, "K_sage": cfg.rollout.chain_length,
                "pool": str(cfg.rollout.pool), "screen_every": cfg.rollout.screen_every,
                "screen_samples": cfg.rollout.screen_samples,
@@ -85,6 +88,18 @@ def table(done: dict[str, Any], cfg: TrainConfig, out: Path) -> dict[str, Any]:
         "of the tasks' values; SGC: scenarios); differences are paired (the same scenarios drawn for both)",
     }  # fmt: skip
     return row
+
+
+def read_back(out: Path) -> dict[str, str]:
+    """{evaluation folder: the folder it was read back from} for the run's evaluations of a model
+    that kept its start's weights (``recipe/twins.py``, ``same_as.json``): not run a second time."""
+    found = {}
+    for note in sorted(out.glob(f"eval/*/{SAME_AS}")):
+        try:
+            found[note.parent.name] = Path(str(json.loads(note.read_text(encoding="utf-8"))["evaluation"])).name
+        except (OSError, ValueError, KeyError, TypeError):
+            found[note.parent.name] = f"unreadable {SAME_AS}"
+    return found
 
 
 def _sft_summary(v: dict[str, Any]) -> dict[str, Any]:
