@@ -27,8 +27,10 @@ def _model(folder: Path, weights: bytes = b"\x00\x00\x80?\x00\x00\x00@", extra: 
 
 
 def _ev(out: Path, model: Path, **over) -> EvalRunConfig:
+    """A greedy evaluation of ``model`` on ``dev`` (the recipe's are greedy), with ``over``."""
+    policy = {"kind": "transformers", "model": str(model)}
     return EvalRunConfig(
-        out_dir=str(out), split="dev", policy={"kind": "transformers", "model": str(model)}, **over
+        **{"out_dir": str(out), "split": "dev", "policy": policy, "sampling": {"temperature": 0.0}} | over
     )
 
 
@@ -126,6 +128,10 @@ def test_anything_else_is_evaluated(tmp_path):
     assert twin(_ev(tmp_path / "eval" / "sage_dev", moved), folders) is None  # trained weights
     kept = _model(tmp_path / "sage" / "best")
     assert twin(_ev(tmp_path / "eval" / "sage_dev", kept, limit_scenarios=1), folders) is None  # a setting
+    sampled = {"sampling": {"temperature": 0.5}}
+    _finished(_ev(tmp_path / "eval" / "sft_sampled_dev", sft, **sampled))
+    sampled_kept = _ev(tmp_path / "eval" / "sage_sampled_dev", kept, **sampled)
+    assert twin(sampled_kept, [tmp_path / "eval" / "sft_sampled_dev"]) is None  # greedy evaluations only
     (Path(start.out_dir) / SETTINGS).write_text("{not json")
     assert twin(_ev(tmp_path / "eval" / "sage_dev", kept), folders) is None  # unreadable: unchecked
     (Path(start.out_dir) / SETTINGS).write_text(json.dumps(settings_of(start)))

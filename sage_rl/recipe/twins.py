@@ -77,11 +77,13 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def twin(ev: BaseModel, folders: Iterable[Path]) -> Path | None:
-    """The first of ``folders`` holding a finished evaluation of ``ev``'s settings on weights
-    byte-identical to ``ev``'s model, one that ran (not itself read back, nor ``ev.out_dir``);
-    None when there is none."""
+    """The first of ``folders`` holding a finished greedy evaluation of ``ev``'s settings on
+    weights byte-identical to ``ev``'s model, one that ran (not itself read back, nor
+    ``ev.out_dir``); None when there is none, or when ``ev`` samples."""
     mine = settings_of(ev)
     model = mine["policy"]["model"]
+    if (mine.get("sampling") or {}).get("temperature") != 0:
+        return None  # only greedy decoding has been seen to repeat itself token for token
     for folder in folders:
         if folder.resolve() == Path(ev.out_dir).resolve() or not (folder / "outcomes.json").is_file():
             continue
