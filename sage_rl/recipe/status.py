@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from sage_rl.recipe.pipeline import RecipeError, listed_scenarios, missing_scenarios, read_summary
+from sage_rl.recipe.twins import SAME_AS
 from sage_rl.runs.claim import claimed_ever, describe, holder
 from sage_rl.train.sft_resume import STATE
 from sage_rl.view.read import read_jsonl
@@ -92,7 +93,7 @@ def evaluation(folder: Path, name: str) -> Stage:
         have, listed = _coverage(folder, done)
         if have < listed:  # the split grew since (``pipeline.evaluate`` runs the new scenarios only)
             return Stage(name, "partial", f"{figures}; {have} of {listed} scenarios, the rest run on resume")
-        same_as = _json(folder / "same_as.json")  # recipe/twins.py: the same weights, evaluated once
+        same_as = _json(folder / SAME_AS)  # recipe/twins.py: the same weights, evaluated once
         if same_as is not None:
             figures += f"; read back from {Path(str(same_as.get('evaluation'))).name} (the same weights)"
         return Stage(name, "done", figures)

@@ -4,7 +4,7 @@ An RL arm that keeps its best model on validation (``eval.keep: best``) keeps it
 when no step beat the start (laptop35's SAGE arm, 2026-12-07: the kept ``best/step_000000.*/model``
 holds ``sft/final``'s tensors byte for byte). Its evaluation is then the start's: greedy decoding
 of the same weights under the same settings gave the same tokens on every chain compared
-(laptop35's ``sage`` against ``sft``: 80 of 80 chains of ``train_heldout`` and 8 of 8 of ``dev``,
+(laptop35's ``sage`` against ``sft``: 83 of 83 chains of ``train_heldout`` and 8 of 8 of ``dev``,
 token for token). Evaluating it again costs an hour of a 2-core machine and measures nothing new,
 so the recipe reads the twin's back instead.
 
