@@ -78,7 +78,7 @@ from sage_rl.recipe.pipeline import (
 from sage_rl.recipe.results import table
 from sage_rl.recipe.share import share_sft_stages
 from sage_rl.recipe.status import show as show_status
-from sage_rl.recipe.twins import read_twin, twin
+from sage_rl.recipe.twins import read_back
 from sage_rl.runs.claim import RunInUse, claim
 from sage_rl.runs.collect import run_collect
 from sage_rl.runs.sft import run_sft
@@ -168,12 +168,10 @@ def _stages(cfg: TrainConfig, out: Path, until: str, parallel: bool) -> dict[str
                     agent = ev.agent.model_copy(update={"token_budget": r.eval.base_token_budget})
                     ev = ev.model_copy(update={"agent": agent})
                 jobs.append((m, k, ev))
-                if not (Path(ev.out_dir) / "outcomes.json").is_file():  # an RL arm that kept its start
-                    source = twin(ev, sorted((out / "eval").glob(f"*_{split}")))
-                    if source is not None:
-                        read_twin(ev, source)
-                        print(f"[laptop_recipe] eval {m} {split}: read back from {source} (same weights and "
-                              "settings)", file=sys.stderr)  # fmt: skip
+                source = read_back(ev, sorted((out / "eval").glob(f"*_{split}")))  # an arm that kept its start
+                if source is not None:
+                    print(f"[laptop_recipe] eval {m} {split}: read back from {source} (same weights and "
+                          "settings)", file=sys.stderr)  # fmt: skip
         done = _side_by_side(evaluate, [j[2] for j in jobs]) if parallel else [evaluate(j[2]) for j in jobs]
         found: dict[str, Any] = {}
         for (m, k, ev), result in zip(jobs, done, strict=True):

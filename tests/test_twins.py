@@ -150,3 +150,17 @@ def test_the_results_name_each_evaluation_read_back(tmp_path):
         (tmp_path / "eval" / name / SAME_AS).write_text(text)
     (tmp_path / "eval" / "sft_dev").mkdir()
     assert read_back(tmp_path) == {"grpo_lib_dev": "unreadable same_as.json", "sage_dev": "sft_dev"}
+
+
+def test_read_back_copies_a_twin_in_once_and_leaves_a_finished_evaluation_alone(tmp_path):
+    from sage_rl.recipe.twins import read_back
+
+    sft, kept = _model(tmp_path / "sft" / "final"), _model(tmp_path / "sage" / "best" / "model")
+    start = _ev(tmp_path / "eval" / "sft_dev", sft)
+    rows = _finished(start)
+    arm = _ev(tmp_path / "eval" / "sage_dev", kept)
+    assert read_back(arm, [Path(start.out_dir)]) == Path(start.out_dir)
+    assert json.loads((Path(arm.out_dir) / "outcomes.json").read_text())["outcomes"] == rows
+    assert read_back(arm, [Path(start.out_dir)]) is None  # finished now: itself, not copied again
+    moved = _ev(tmp_path / "eval" / "grpo_dev", _model(tmp_path / "grpo" / "m", weights=b"\x00" * 8))
+    assert read_back(moved, [Path(start.out_dir)]) is None and not Path(moved.out_dir).exists()  # nothing to copy

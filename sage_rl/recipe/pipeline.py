@@ -28,6 +28,7 @@ from sage_rl.eval.resume import same_settings
 from sage_rl.files import write_atomic
 from sage_rl.memory import bound_heap, peak_rss_bytes, release_memory, reset_peak, stage_peaks_wanted
 from sage_rl.recipe.report import write_report
+from sage_rl.recipe.twins import read_back
 from sage_rl.runs.claim import OWNER, claim
 from sage_rl.runs.collect import run_collect
 from sage_rl.runs.console import err
@@ -254,6 +255,9 @@ def _evaluate_all(cfg: TrainConfig, r: RecipeSettings, lay: Layout, stage: str, 
             ev = ev.model_copy(
                 update={"agent": ev.agent.model_copy(update={"token_budget": r.eval.base_token_budget})}
             )
+        source = read_back(ev, sorted(lay.root.glob(f"eval/*_{split}")))  # SAGE kept the SFT weights
+        if source is not None:
+            err.print(f"{stage} on {split}: the same weights and settings as {source.name}; its results read back")
         out[split] = evaluate(ev)
     return out
 

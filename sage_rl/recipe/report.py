@@ -100,7 +100,9 @@ def _what(key: str, entry: Mapping[str, Any]) -> str:
             + (" (stopped early)" if r.get("stopped_early") else "")
         )
     if key == "sage":
-        return f"{r.get('steps')} steps, {r.get('sampled_tokens', 0):,} sampled tokens"
+        kept = r.get("kept")  # eval.keep: best (train/best.py); step 0 is the SFT model, evaluated once
+        chose = f", keeps the weights of step {kept.get('step')}" if isinstance(kept, dict) else ""
+        return f"{r.get('steps')} steps, {r.get('sampled_tokens', 0):,} sampled tokens{chose}"
     splits = ", ".join(f"{s} {v.get('wall_s', 0):.0f} s" for s, v in r.items())
     return f"greedy, scenario-ordered ({splits})"
 

@@ -121,3 +121,14 @@ def read_twin(ev: BaseModel, source: Path) -> dict[str, Any]:
             shutil.copyfile(path, out / f".{path.name}.tmp")
             (out / f".{path.name}.tmp").replace(out / path.name)
     return note
+
+
+def read_back(ev: BaseModel, folders: Iterable[Path]) -> Path | None:
+    """When ``ev`` has not finished (no ``outcomes.json``) and one of ``folders`` is its ``twin``:
+    the twin's results copied in (``read_twin``); returns the twin's folder, else None."""
+    if (Path(ev.out_dir) / "outcomes.json").is_file():
+        return None  # finished: read back as itself
+    source = twin(ev, folders)
+    if source is not None:
+        read_twin(ev, source)
+    return source
