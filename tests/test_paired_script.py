@@ -59,5 +59,53 @@ def test_an_arms_in_run_evaluations_pair_on_its_loops_split(tmp_path, capsys):
     assert "  mail_a: 0 against 2 of 2 (2 changed)" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="sage has no evaluation at step 4"):
         paired.main([str(tmp_path), "sage@4", "sage@0"])
-    with pytest.raises(SystemExit, match="pairs only with another"):
-        paired.main([str(tmp_path), "sage@2", "sft"])
+    with pytest.raises(SystemExit, match="sft has no finished evaluation of train_val"):
+        paired.main([str(tmp_path), "sage@2", "sft"])  # a named model: read on the loop's split
+
+
+def test_an_evaluation_folder_pairs_with_an_in_run_evaluation(tmp_path, capsys):
+    """A path names a ``sage-rl eval`` folder (a control evaluated outside the run: a perturbed
+    model), read on the split its config names and labelled by the folder's name."""
+    (tmp_path / "sage" / "evals").mkdir(parents=True)
+    (tmp_path / "sage" / "config.yaml").write_text("eval:\n  split: train_val\n")
+    rows = [["mail_a-s1_1", "mail_a-s1", True], ["note_c-s1_1", "note_c-s1", True]]
+    metrics = {"tasks": 2, "scenarios": 2, "tgc": 100.0, "tgc_ci": [100.0, 100.0], "sgc": 100.0,
+               "sgc_ci": [100.0, 100.0], "avg_steps": 1.0, "avg_tokens": 10.0}  # fmt: skip
+    (tmp_path / "sage" / "evals" / "step_000000.json").write_text(json.dumps({"metrics": metrics, "outcomes": rows}))
+    ctl = tmp_path / "ctl" / "noise_train_val"
+    ctl.mkdir(parents=True)
+    (ctl / "config.yaml").write_text("split: train_val\n")
+    lost = [rows[0][:2] + [False], rows[1]]
+    (ctl / "outcomes.json").write_text(json.dumps({"metrics": metrics | {"tgc": 50.0}, "outcomes": lost}))
+    row = paired.main([str(tmp_path), str(ctl), "sage@0"])
+    assert row["split"] == "train_val" and row["train_val_tgc_noise_train_val_minus_sage@0"] == pytest.approx(-50.0)
+    assert row["templates_changed"] == {"mail_a": {"tasks": 1, "a": 0, "b": 1, "changed": 1}}
+    assert "noise_train_val: 2 tasks, 2 scenarios" in capsys.readouterr().out
+    (ctl / "config.yaml").write_text("split: dev\n")
+    with pytest.raises(SystemExit, match="different splits"):
+        paired.main([str(tmp_path), str(ctl), "sage@0"])
+    (ctl / "config.yaml").unlink()
+    with pytest.raises(SystemExit, match="does not name the split"):
+        paired.main([str(tmp_path), str(ctl), "sage@0"])
+
+
+def test_a_sage_rl_eval_folder_reads_as_the_recipe_saves_it(tmp_path):
+    """``sage-rl eval`` writes no ``outcomes.json``: its folder reads as ``EvalResult.record`` from
+    its metrics and its headline strategy's trajectories (the scripted expert, 2 scenarios)."""
+    from sage_rl.runs.eval import run_evaluation
+    from sage_rl.settings import EvalRunConfig
+
+    ev = EvalRunConfig(out_dir=str(tmp_path / "ev"), split="train_val", limit_scenarios=2,
+                       policy={"kind": "scripted"}, pocketworld={"sandbox": False})  # fmt: skip
+    saved = run_evaluation(ev, title="scripted", resume=False).record()
+    assert not (tmp_path / "ev" / "outcomes.json").exists()
+    got = paired.folder_record(tmp_path / "ev")
+    assert got["outcomes"] == saved["outcomes"] and len(got["outcomes"]) == 6
+    assert got["metrics"]["tgc"] == saved["metrics"]["tgc"]
+    lines = (tmp_path / "ev" / "trajectories.same_scenario.jsonl").read_text().splitlines()
+    (tmp_path / "ev" / "trajectories.same_scenario.jsonl").write_text(lines[0] + "\n")  # a chain lost
+    with pytest.raises(SystemExit, match="3 tasks in its trajectories, 6 in its metrics"):
+        paired.folder_record(tmp_path / "ev")
+    (tmp_path / "ev" / "metrics.json").unlink()
+    with pytest.raises(SystemExit, match="holds no finished evaluation"):
+        paired.folder_record(tmp_path / "ev")
