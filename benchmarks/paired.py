@@ -78,6 +78,11 @@ def is_folder(model: str) -> bool:
     return "/" in model
 
 
+def label(model: str) -> str:
+    """How a model is named in the results: a folder by its last part, anything else as given."""
+    return Path(model).name if is_folder(model) else model
+
+
 def loop_split(run: Path, a: str, b: str, split: str) -> str:
     """The split of the comparison: ``split``, or the one an in-run evaluation (``arm@N``: its
     loop's, ``eval.split`` of the arm's config) or an evaluation folder (its config's ``split``)
@@ -100,7 +105,7 @@ def compare(run: Path, a: str, b: str, split: str = "train_heldout") -> dict[str
     split = loop_split(run, a, b, split)
     key = {v: k for k, v in SPLITS.items()}.get(split, split)
     ea, eb = load(run, a, split), load(run, b, split)
-    a, b = (Path(m).name if is_folder(m) else m for m in (a, b))  # a folder is named as its last part
+    a, b = label(a), label(b)
     row: dict[str, Any] = {"run": str(run), "split": split}
     for m, e in ((a, ea), (b, eb)):
         mt = e["metrics"]
@@ -123,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     row = compare(args.run, args.a, args.b, args.split)
-    names = [Path(m).name if is_folder(m) else m for m in (args.a, args.b)]
+    names = [label(args.a), label(args.b)]
     for m in names:
         r = row[m]
         print(f"{m}: {r['tasks']} tasks, {r['scenarios']} scenarios; TGC {format_ci(r['tgc'], r['tgc_ci'])}, "

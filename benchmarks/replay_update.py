@@ -25,13 +25,12 @@ import dataclasses
 import json
 import random
 import shutil
-import sys
 from pathlib import Path
 
 from sage_rl.config import load_config
 from sage_rl.models import load_model
 from sage_rl.recipe.controls import readable
-from sage_rl.rollout.batch import Group, StepBatch
+from sage_rl.rollout.batch import Group, StepBatch, trained_groups
 from sage_rl.settings import TrainConfig
 from sage_rl.train.trainer import Trainer
 from sage_rl.types import Chain
@@ -44,7 +43,7 @@ def batch_of(chains: list[Chain], cfg: TrainConfig) -> StepBatch:
     for c in chains:
         by_group.setdefault(c.group_index, []).append(c)
     groups = [Group.of(cs, cfg.rollout) for cs in by_group.values()]
-    return StepBatch.of(groups, [g for g in groups if not cfg.rollout.dynamic_sampling or g.has_signal])
+    return StepBatch.of(groups, trained_groups(groups, cfg.rollout))
 
 
 def shuffled(batch: StepBatch, seed: int) -> StepBatch:
@@ -94,7 +93,6 @@ def main() -> None:
     keys = ("samples", "chains", "grad_norm", "lr", "updated", "gen_tokens", "train_time_s")
     print(json.dumps({"advantages": a.advantages, "seed": a.seed, "groups_trained": len(batch.trained)}
                      | {k: stats.get(k) for k in keys} | {"out": str(a.out)}))  # fmt: skip
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from cli_server import run_cli
 
 from sage_rl.config import load_config
 from sage_rl.settings import TrainConfig
-from sage_rl.train.best import read_best
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,9 +78,6 @@ def test_recipe_end_to_end_with_the_tiny_model(tiny_dir, tmp_path):
         "recipe.sft.data.eval_fraction=0.3",
         "recipe.eval.splits=[train_heldout,dev]",
         "recipe.eval.scenarios=1",
-        "eval.keep=best",  # SAGE keeps its best model on eval.split's scenarios (the start's among them)
-        "eval.split=train_val",
-        "eval.scenarios=1",
         "--json",
     ]
     r = _cli("recipe", *args, env={"SAGE_RL_STAGE_PEAKS": "1"})
@@ -95,12 +91,6 @@ def test_recipe_end_to_end_with_the_tiny_model(tiny_dir, tmp_path):
         for split in ("train_heldout", "dev"):
             saved = json.loads((out / "eval" / f"{stage}_{split}" / "outcomes.json").read_text())
             assert saved["metrics"]["tasks"] == 3 and len(saved["outcomes"]) == 3
-    # SAGE kept its start (the tiny model solves nothing at either end; a tie keeps the earlier):
-    # its evaluations are the SFT model's, read back (recipe/twins.py), not run again
-    assert read_best(out / "sage")[0].step == 0
-    for split in ("train_heldout", "dev"):
-        note = json.loads((out / "eval" / f"sage_{split}" / "same_as.json").read_text())
-        assert note["evaluation"] == str(out / "eval" / f"sft_{split}")
     state = json.loads((out / "recipe.json").read_text())
     assert list(state) == ["eval_base", "collect", "sft", "eval_sft", "sage", "eval_sage"]
     assert all(e["peak_rss_gb"] > 0.1 for e in state.values())  # SAGE_RL_STAGE_PEAKS=1: each stage's own peak
@@ -114,7 +104,6 @@ def test_recipe_end_to_end_with_the_tiny_model(tiny_dir, tmp_path):
     assert f"init_from: {out / 'sft' / 'final'}" in (out / "sage" / "config.yaml").read_text()
     # one report of what each stage changed
     report = (out / "report.md").read_text()
-    assert "1 steps, " in report and "sampled tokens, keeps the weights of step 0 |" in report
     for text in ("### `train_heldout` (1 scenarios, 3 tasks)", "### `dev`", "| TGC (%) | ", "| SFT |"):
         assert text in report, text
     assert report.count("| base | SFT | SAGE |") == 2 and "TGC change on the same tasks" in report

@@ -163,4 +163,39 @@ def test_read_back_copies_a_twin_in_once_and_leaves_a_finished_evaluation_alone(
     assert json.loads((Path(arm.out_dir) / "outcomes.json").read_text())["outcomes"] == rows
     assert read_back(arm, [Path(start.out_dir)]) is None  # finished now: itself, not copied again
     moved = _ev(tmp_path / "eval" / "grpo_dev", _model(tmp_path / "grpo" / "m", weights=b"\x00" * 8))
-    assert read_back(moved, [Path(start.out_dir)]) is None and not Path(moved.out_dir).exists()  # nothing to copy
+    assert (
+        read_back(moved, [Path(start.out_dir)]) is None and not Path(moved.out_dir).exists()
+    )  # nothing to copy
+
+
+def test_the_main_job_reads_back_a_sage_run_that_kept_the_sft_weights(tmp_path):
+    """``sage-rl recipe`` (``pipeline._evaluate_all``): SAGE's evaluation of weights byte-identical
+    to the SFT model's, under the same settings, is the SFT evaluation read back (nothing runs:
+    the SFT evaluation here exists only on disk); the report's SAGE row names the kept step."""
+    from sage_rl.config import load_config
+    from sage_rl.recipe.pipeline import Layout, _evaluate_all, eval_config
+    from sage_rl.recipe.report import _what
+    from sage_rl.settings import TrainConfig
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(
+        TrainConfig, root / "configs/quickstart.yaml", [f"out_dir={tmp_path}", "recipe.eval.scenarios=1"]
+    )
+    lay, r = Layout(tmp_path), cfg.recipe
+    sft, kept = _model(lay.sft / "final"), _model(lay.sage / "best" / "step_000000" / "model")
+    rows = {}
+    for split in r.eval.splits:
+        rows[split] = _finished(
+            eval_config(cfg, str(sft), split, r.eval.scenarios, 1, lay.eval("sft", split))
+        )
+    done = _evaluate_all(cfg, r, lay, "sage", str(kept))
+    for split in r.eval.splits:
+        assert done[split]["outcomes"] == rows[split]
+        assert json.loads((lay.eval("sage", split) / SAME_AS).read_text())["evaluation"] == str(
+            lay.eval("sft", split)
+        )
+    row = _what("sage", {"result": {"steps": 3, "sampled_tokens": 1200, "kept": {"step": 0, "tgc": 50.0}}})
+    assert row == "3 steps, 1,200 sampled tokens, keeps the weights of step 0"
+    assert _what("sage", {"result": {"steps": 3, "sampled_tokens": 1200, "kept": None}}).endswith(
+        "sampled tokens"
+    )

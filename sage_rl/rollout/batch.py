@@ -164,6 +164,11 @@ class StepBatch:
         return [c for g in self.drawn for c in g.chains]
 
 
+def trained_groups(groups: Sequence[Group], cfg: RolloutConfig) -> list[Group]:
+    """The groups a step trains on: all of them, or with dynamic sampling those with a signal."""
+    return [g for g in groups if not cfg.dynamic_sampling or g.has_signal]
+
+
 async def rollout_step(
     runner: ChainRunner,
     rng: random.Random,
@@ -181,7 +186,7 @@ async def rollout_step(
         batch = await rollout_batch(runner, rng, cfg, step=step, first_index=len(drawn), journal=journal)
         groups = [Group.of(chains, cfg) for chains in batch]
         drawn += groups
-        trained += [g for g in groups if not cfg.dynamic_sampling or g.has_signal]
+        trained += trained_groups(groups, cfg)
         if len(trained) >= cfg.groups_per_step:
             break
     return StepBatch.of(drawn, trained)
