@@ -62,8 +62,8 @@ def shuffled(batch: StepBatch, seed: int) -> StepBatch:
     return StepBatch.of(batch.drawn, groups)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_step_args(ap: argparse.ArgumentParser) -> None:
+    """The arguments naming a saved step and its advantages (this script's and ``grad_noise.py``'s)."""
     ap.add_argument(
         "--run", type=Path, required=True, help="an RL run folder (its config.yaml and rollouts/)"
     )
@@ -71,15 +71,24 @@ def main() -> None:
     ap.add_argument("--start", type=Path, required=True, help="the model that sampled the step's rollouts")
     ap.add_argument("--advantages", choices=("real", "shuffled"), required=True)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, required=True)
-    a = ap.parse_args()
+
+
+def saved_step(a: argparse.Namespace, script: str) -> tuple[TrainConfig, StepBatch]:
+    """The run's config and the step's batch as the loop built it, its advantages shuffled if asked."""
     rollouts = a.run / "rollouts" / f"step_{a.step:06d}.jsonl"
     if not rollouts.is_file():
-        raise SystemExit(f"replay_update: {rollouts} does not exist (a finished step's rollouts)")
+        raise SystemExit(f"{script}: {rollouts} does not exist (a finished step's rollouts)")
     cfg = load_config(TrainConfig, a.run / "config.yaml")
     batch = batch_of(readable(rollouts, Chain.from_dict, "chain record"), cfg)
-    if a.advantages == "shuffled":
-        batch = shuffled(batch, a.seed)
+    return cfg, shuffled(batch, a.seed) if a.advantages == "shuffled" else batch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_step_args(ap)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    cfg, batch = saved_step(a, "replay_update")
     model, tok = load_model(str(a.start))
     trainer = Trainer(
         model, tok, cfg.trainer.model_copy(update={"log_kl_ref": False}), temperature=cfg.sampling.temperature
