@@ -36,7 +36,8 @@ def test_the_noise_scale_by_hand():
     s = noise.summary(gram)
     assert s["signal_ci"] == pytest.approx([2 / 3 - 1.96 * 2 / 3, 2 / 3 + 1.96 * 2 / 3])
     assert s["signal_share"] == pytest.approx((2 / 3) / (8 / 9))
-    assert s["b_simple_upper"] == math.inf  # the interval holds 0: no group count is ruled out
+    # the signal's interval reaches 0: B_simple is at least noise / its upper end, with no upper bound
+    assert s["b_simple_ci"] == pytest.approx([(2 / 3) / (2 / 3 + 1.96 * 2 / 3), math.inf])
     with pytest.raises(ValueError, match="at least 2 groups"):
         noise.noise_scale(np.ones((1, 1)))
 
@@ -51,7 +52,8 @@ def test_the_estimator_recovers_a_known_signal_and_finds_none_in_pure_noise():
     assert with_signal["noise"] == pytest.approx(4.0, rel=0.1)
     assert with_signal["signal_ci"][0] > 0
     assert with_signal["b_simple"] == pytest.approx(4 / (mu @ mu), rel=0.15)
-    assert with_signal["b_simple_upper"] < 8
+    lo, hi = with_signal["b_simple_ci"]
+    assert lo < with_signal["b_simple"] < hi < 8
     pure = noise.summary(eps @ eps.T)
     assert pure["signal_ci"][0] < 0 < pure["signal_ci"][1]
     assert abs(pure["mean_cosine"]) < 0.02 and with_signal["mean_cosine"] > 0.15
@@ -134,6 +136,10 @@ def test_the_script_on_a_saved_step_of_the_tiny_model(tiny_dir, tmp_path, monkey
     written = json.loads(out.read_text())
     assert printed["groups"] == 3 and written["signal"] == printed["signal"] and len(written["gram"]) == 3
     assert not list(tmp_path.glob("*.f32"))  # the spilled gradients are gone
+    assert noise.strict({"a": [math.inf, 1.0], "b": -math.inf}) == {
+        "a": [None, 1.0],
+        "b": None,
+    }  # strict JSON
     # the batch gradient's norm is the trainer's, on the same batch from the same weights
     model, tok = load_model(str(tiny_dir))
     tr = Trainer(
