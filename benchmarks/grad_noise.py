@@ -167,6 +167,11 @@ def main() -> None:
             f"grad_noise: step {a.step} trained {len(batch.trained)} groups; 3 or more are needed"
         )
     check_agg(cfg, batch)
+    if cfg.trainer.lora is not None and a.step != 1:
+        raise SystemExit(
+            f"grad_noise: a LoRA run's step {a.step} was sampled by its start plus an adapter that --start "
+            "cannot name; its step 1 (fresh adapters) is measurable"
+        )
     from sage_rl.models import load_model
 
     model, tok = load_model(str(a.start))

@@ -154,3 +154,31 @@ def test_the_script_on_a_saved_step_of_the_tiny_model(tiny_dir, tmp_path, monkey
     monkeypatch.setattr("sys.argv", [*argv[:2], str(run), "--step", "2", *argv[3:]])
     with pytest.raises(SystemExit, match="step_000002.jsonl does not exist"):
         noise.main()
+
+
+def test_it_refuses_a_later_step_of_a_lora_run(tmp_path, monkeypatch):
+    from sage_rl.config import dump_config
+    from sage_rl.text import dumps
+
+    cfg = TrainConfig.model_validate(
+        {"rollout": {"chain_length": 1, "group_size": 4, "reward": "outcome"}, "trainer": {"lora": {"r": 4}}}
+    )
+    run = tmp_path / "run"
+    (run / "rollouts").mkdir(parents=True)
+    (run / "config.yaml").write_text(dump_config(cfg))
+    chains = [_chain(g, i, i <= g % 3) for g in range(3) for i in range(4)]
+    (run / "rollouts" / "step_000002.jsonl").write_text("".join(dumps(c) + "\n" for c in chains))
+    argv = [
+        "grad_noise.py",
+        "--run",
+        str(run),
+        "--step",
+        "2",
+        "--start",
+        str(tmp_path / "nowhere"),
+        "--advantages",
+        "real",
+    ]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit, match="LoRA run's step 2"):
+        noise.main()
