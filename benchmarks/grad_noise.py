@@ -33,7 +33,7 @@ import argparse
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ def summary(gram: np.ndarray) -> dict[str, Any]:
         se = jackknife(gram, key)
         out[f"{key}_ci"] = [out[key] - 1.96 * se, out[key] + 1.96 * se]
     s, v = out["signal"], out["noise"]
-    out["signal_share"] = max(s, 0.0) / (max(s, 0.0) + v / n) if s > 0 or v > 0 else 0.0
+    out["signal_share"] = s / (s + v / n) if s > 0 else 0.0
     # B_simple over the signal's interval (noise at its estimate): inf where the interval reaches 0
     lo, hi = out["signal_ci"]
     out["b_simple_ci"] = [v / hi if hi > 0 else math.inf, v / lo if lo > 0 else math.inf]
@@ -151,9 +151,9 @@ def check_agg(cfg: TrainConfig, batch: StepBatch) -> None:
             f"grad_noise: trainer.loss_agg={cfg.trainer.loss_agg.value}: the batch gradient is the mean of "
             "its groups' only under seq_mean_token_mean"
         )
-    sizes: Sequence[int] = sorted({len(g.chains) for g in batch.trained})
+    sizes = {len(g.chains) for g in batch.trained}
     if len(sizes) != 1:
-        raise SystemExit(f"grad_noise: the trained groups have different sizes {list(sizes)}")
+        raise SystemExit(f"grad_noise: the trained groups have different sizes {sorted(sizes)}")
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ trainer's batch gradient."""
 import copy
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -102,83 +103,66 @@ def test_it_refuses_a_token_mean_batch():
     batch = replay.batch_of([_chain(0, i, i == 0) for i in range(4)], cfg)
     with pytest.raises(SystemExit, match="token_mean"):
         noise.check_agg(cfg, batch)
+    # groups of other sizes: their mean would not be the batch gradient
+    mixed = replay.batch_of(
+        [_chain(0, i, i == 0) for i in range(4)] + [_chain(1, i, i == 0) for i in range(3)], cfg
+    )
+    with pytest.raises(SystemExit, match=r"different sizes \[3, 4\]"):
+        noise.check_agg(TrainConfig.model_validate({}), mixed)
 
 
-def test_the_script_on_a_saved_step_of_the_tiny_model(tiny_dir, tmp_path, monkeypatch, capsys):
-    """The command as a user runs it: a run folder's config and step file, the model that sampled it."""
+def _run(tmp_path, cfg: TrainConfig, step: int) -> tuple[Path, list[Chain]]:
+    """A run folder as the loop leaves it: its config and one step's rollouts (3 groups of 4)."""
     from sage_rl.config import dump_config
-    from sage_rl.models import load_model
     from sage_rl.text import dumps
 
-    cfg = TrainConfig.model_validate(
-        {"rollout": {"chain_length": 1, "group_size": 4, "reward": "outcome", "dynamic_sampling": True}}
-    )
     run = tmp_path / "run"
     (run / "rollouts").mkdir(parents=True)
     (run / "config.yaml").write_text(dump_config(cfg))
     chains = [_chain(g, i, i <= g % 3) for g in range(3) for i in range(4)]
-    (run / "rollouts" / "step_000001.jsonl").write_text("".join(dumps(c) + "\n" for c in chains))
+    (run / "rollouts" / f"step_{step:06d}.jsonl").write_text("".join(dumps(c) + "\n" for c in chains))
+    return run, chains
+
+
+def test_the_script_on_a_saved_step_of_the_tiny_model(tiny_dir, tmp_path, monkeypatch, capsys):
+    """The command as a user runs it: a run folder's config and step file, the model that sampled it."""
+    from sage_rl.models import load_model
+
+    cfg = TrainConfig.model_validate(
+        {"rollout": {"chain_length": 1, "group_size": 4, "reward": "outcome", "dynamic_sampling": True}}
+    )
+    run, chains = _run(tmp_path, cfg, 1)
     out = tmp_path / "gn.json"
-    argv = [
-        "grad_noise.py",
-        "--run",
-        str(run),
-        "--start",
-        str(tiny_dir),
-        "--advantages",
-        "real",
-        "--json",
-        str(out),
-    ]
+    argv = f"grad_noise.py --run {run} --start {tiny_dir} --advantages real --json {out}".split()
     monkeypatch.setattr("sys.argv", argv)
     noise.main()
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     written = json.loads(out.read_text())
     assert printed["groups"] == 3 and written["signal"] == printed["signal"] and len(written["gram"]) == 3
     assert not list(tmp_path.glob("*.f32"))  # the spilled gradients are gone
-    assert noise.strict({"a": [math.inf, 1.0], "b": -math.inf}) == {
-        "a": [None, 1.0],
-        "b": None,
-    }  # strict JSON
+    # strict JSON: an unbounded figure is null
+    assert noise.strict({"a": [math.inf, 1.0], "b": -math.inf}) == {"a": [None, 1.0], "b": None}
     # the batch gradient's norm is the trainer's, on the same batch from the same weights
     model, tok = load_model(str(tiny_dir))
-    tr = Trainer(
-        model, tok, cfg.trainer.model_copy(update={"log_kl_ref": False}), temperature=cfg.sampling.temperature
-    )
+    tcfg = cfg.trainer.model_copy(update={"log_kl_ref": False})
+    tr = Trainer(model, tok, tcfg, temperature=cfg.sampling.temperature)
     batch = replay.batch_of(chains, cfg)
     tr.accumulate_gradients(batch.samples, batch.num_chains)
-    want = math.sqrt(
-        sum(float(p.grad.double().pow(2).sum()) for p in tr.model.parameters() if p.grad is not None)
+    grads = [p.grad.double() for p in tr.model.parameters() if p.grad is not None]
+    assert printed["batch_grad_norm"] == pytest.approx(
+        math.sqrt(sum(float(g.pow(2).sum()) for g in grads)), rel=1e-4
     )
-    assert printed["batch_grad_norm"] == pytest.approx(want, rel=1e-4)
     monkeypatch.setattr("sys.argv", [*argv[:2], str(run), "--step", "2", *argv[3:]])
     with pytest.raises(SystemExit, match="step_000002.jsonl does not exist"):
         noise.main()
 
 
 def test_it_refuses_a_later_step_of_a_lora_run(tmp_path, monkeypatch):
-    from sage_rl.config import dump_config
-    from sage_rl.text import dumps
-
     cfg = TrainConfig.model_validate(
         {"rollout": {"chain_length": 1, "group_size": 4, "reward": "outcome"}, "trainer": {"lora": {"r": 4}}}
     )
-    run = tmp_path / "run"
-    (run / "rollouts").mkdir(parents=True)
-    (run / "config.yaml").write_text(dump_config(cfg))
-    chains = [_chain(g, i, i <= g % 3) for g in range(3) for i in range(4)]
-    (run / "rollouts" / "step_000002.jsonl").write_text("".join(dumps(c) + "\n" for c in chains))
-    argv = [
-        "grad_noise.py",
-        "--run",
-        str(run),
-        "--step",
-        "2",
-        "--start",
-        str(tmp_path / "nowhere"),
-        "--advantages",
-        "real",
-    ]
+    run, _ = _run(tmp_path, cfg, 2)
+    argv = f"grad_noise.py --run {run} --step 2 --start {tmp_path / 'nowhere'} --advantages real".split()
     monkeypatch.setattr("sys.argv", argv)
     with pytest.raises(SystemExit, match="LoRA run's step 2"):
         noise.main()

@@ -163,9 +163,8 @@ def test_read_back_copies_a_twin_in_once_and_leaves_a_finished_evaluation_alone(
     assert json.loads((Path(arm.out_dir) / "outcomes.json").read_text())["outcomes"] == rows
     assert read_back(arm, [Path(start.out_dir)]) is None  # finished now: itself, not copied again
     moved = _ev(tmp_path / "eval" / "grpo_dev", _model(tmp_path / "grpo" / "m", weights=b"\x00" * 8))
-    assert (
-        read_back(moved, [Path(start.out_dir)]) is None and not Path(moved.out_dir).exists()
-    )  # nothing to copy
+    # nothing to copy
+    assert read_back(moved, [Path(start.out_dir)]) is None and not Path(moved.out_dir).exists()
 
 
 def test_the_main_job_reads_back_a_sage_run_that_kept_the_sft_weights(tmp_path):
