@@ -157,6 +157,33 @@ def test_a_run_killed_in_its_first_step_resumes_without_redoing_the_start_evalua
     assert result.best == Best(2, 45.0, 0.0)
 
 
+def test_a_finished_run_copied_and_extended_keeps_the_best_of_both_parts(tiny, tmp_path, monkeypatch):
+    """How an arm is given a larger budget without losing the one it finished under: its folder is
+    copied and the copy resumed with more steps. The copy goes on from its last checkpoint, keeps
+    the start evaluation and the finished run's last one (not redone: the second ``scores`` has
+    neither), and keeps its best over both parts; the original is left as it was."""
+    import shutil
+
+    from sage_rl.train.logging import read_metrics
+
+    first = {0: (50.0, 40.0), 1: (45.0, 40.0), 2: (40.0, 10.0)}
+    _, start = _run(tiny, tmp_path / "run", monkeypatch, first, steps=2)
+    assert read_best(tmp_path / "run")[0] == Best(0, 50.0, 40.0)
+    shutil.copytree(tmp_path / "run", tmp_path / "longer")
+    result, _ = _run(tiny, tmp_path / "longer", monkeypatch, {3: (55.0, 20.0), 4: (52.0, 60.0)}, steps=4, resume=True)
+    assert result.steps_done == 4 and result.best == Best(3, 55.0, 20.0)
+    rows = read_metrics(tmp_path / "longer")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert [r["eval/best_step"] for r in rows if "eval/best_step" in r] == [0.0, 0.0, 3.0]
+    ckpts = tmp_path / "longer" / "checkpoints"
+    assert _same(_weights(read_best(tmp_path / "longer")[1]), _weights(ckpts / "step_000003" / "model"))
+    assert not _same(_weights(ckpts / "step_000003" / "model"), _weights(ckpts / "step_000002" / "model"))
+    kept = _weights(read_best(tmp_path / "run")[1])  # the finished run still ends with its start
+    assert read_best(tmp_path / "run")[0] == Best(0, 50.0, 40.0)
+    assert _same(kept, {k: v for k, v in start.items() if k in kept})
+    assert not (tmp_path / "run" / "checkpoints" / "step_000003").exists()
+
+
 def test_rows_past_the_start_evaluation_without_a_checkpoint_still_refuse_to_resume(tiny, tmp_path):
     from sage_rl.train.checkpoint import open_run
 
