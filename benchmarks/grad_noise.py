@@ -45,6 +45,7 @@ from sage_rl.rollout.batch import StepBatch
 from sage_rl.runs.console import progress
 from sage_rl.settings import TrainConfig
 from sage_rl.train.config import LossAgg
+from sage_rl.train.noise import noise_from_sums
 from sage_rl.train.trainer import Trainer
 
 
@@ -56,8 +57,8 @@ def noise_scale(gram: np.ndarray) -> dict[str, float]:
     if k.shape != (n, n) or n < 2:
         raise ValueError(f"noise_scale: a square Gram matrix of at least 2 groups, got shape {k.shape}")
     diag = np.diag(k)
-    signal = (k.sum() - diag.sum()) / (n * (n - 1))
-    noise = diag.mean() - signal
+    sums = noise_from_sums(n, float(k.sum()), float(diag.sum()))
+    signal, noise = sums["signal"], sums["trace"]
     norms = np.sqrt(np.maximum(diag, 0.0))
     outer = np.outer(norms, norms)
     off = ~np.eye(n, dtype=bool) & (outer > 0)

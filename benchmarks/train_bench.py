@@ -33,6 +33,9 @@ B sequences (prompt P tokens + completion of varying length, right-padded), in m
 - ``ours_kl`` (``--sides``): ours with ``log_kl_ref=True`` (the KL to the start model logged, as the
   recipes do: a reference model's no-grad forward per micro-batch, its shared prefix once a step);
   ``ours_kl4``: the same measured in every 4th micro-batch (``kl_ref_every=4``).
+- ``ours_noise`` (``--sides``): ours with ``noise_scale=True`` (each step's gradient noise scale,
+  train/noise.py). Every sample here is a group of its own, so the shared opening's backward runs
+  once per sample: the worst case of its cost (a run's groups hold G chains each).
 Every side holds a model copy with its AdamW state (~2 GB for SmolLM2): mind the memory when
 adding sides. Each shape's figures also go to stderr as soon as they are measured.
 tokens/s = (prompt + completion tokens of the batch) / seconds per step, median over timed steps
@@ -231,6 +234,7 @@ SIDES = {
     "ours_recompute": {"old_logprobs": "recompute"},
     "ours_kl": {"log_kl_ref": True},
     "ours_kl4": {"log_kl_ref": True, "kl_ref_every": 4},
+    "ours_noise": {"noise_scale": True},
 }
 
 

@@ -8,7 +8,7 @@ of the trained window has T - f columns, aligned with ``target_BT = ids_BT[:, f:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -95,6 +95,22 @@ def micro_batches(
         else:
             chunks.append([s])
     return chunks
+
+
+def grouped_micro_batches(
+    keyed: Sequence[tuple[PreparedSample, Hashable]],
+    size: int,
+    by_prompt: bool = False,
+    max_tokens: int | None = None,
+) -> tuple[list[list[PreparedSample]], set[int]]:
+    """``micro_batches`` of each group's samples (``keyed``: sample, group) in turn, in the order the
+    groups first appear, and the indices of the chunks that end a group (``trainer.noise_scale``)."""
+    chunks: list[list[PreparedSample]] = []
+    ends: set[int] = set()
+    for key in dict.fromkeys(k for _, k in keyed):
+        chunks += micro_batches([p for p, k in keyed if k == key], size, by_prompt, max_tokens)
+        ends.add(len(chunks) - 1)
+    return chunks, ends
 
 
 def collate(

@@ -99,7 +99,21 @@ class TrainerConfig(Section):
         "exactly 0 (they still count in the loss normalisation); a step where none is left makes "
         "no update",
     )
+    noise_scale: bool = Field(
+        False,
+        description="log each step's gradient noise scale over its groups (noise/*: train/noise.py); runs a "
+        "group's micro-batches together and a shared step prefix's backward once per group",
+    )
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _noise_scale_needs_groups_normalised_alike(self) -> TrainerConfig:
+        if self.noise_scale and self.loss_agg != LossAgg.SEQ_MEAN_TOKEN_MEAN:
+            raise ValueError(
+                f"noise_scale with loss_agg={self.loss_agg}: a group's gradient is its share of the step's "
+                "only when each chain is normalised by itself (seq_mean_token_mean)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _kl_in_the_loss_is_measured_everywhere(self) -> TrainerConfig:

@@ -100,8 +100,10 @@ class StepPrefix:
         leaves = [(k.detach().requires_grad_(), v.detach().requires_grad_()) for k, v in kv]
         return cls(tuple(ids), kv, leaves)
 
-    def backward(self) -> None:
-        """Carry the gradient the micro-batches left on the leaves through the prefix computation."""
+    def backward(self, retain: bool = False) -> None:
+        """Carry the gradient the micro-batches left on the leaves through the prefix computation,
+        and clear the leaves. ``retain``: keep the prefix's graph for another call (a trainer that
+        carries each group's share as it finishes: ``trainer.noise_scale``)."""
         pairs = [
             (t, leaf.grad)
             for (k, v), (lk, lv) in zip(self.kv, self.leaves, strict=True)
@@ -109,7 +111,9 @@ class StepPrefix:
             if leaf.grad is not None
         ]
         if pairs:
-            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs], retain_graph=retain)
+        for lk, lv in self.leaves:
+            lk.grad = lv.grad = None
 
 
 @dataclass(frozen=True)

@@ -33,12 +33,13 @@ from typing import Any
 import torch
 
 from sage_rl.train import causal
-from sage_rl.train.batch import PreparedSample, TokenBatch, collate, micro_batches
+from sage_rl.train.batch import PreparedSample, TokenBatch, collate, grouped_micro_batches, micro_batches
 from sage_rl.train.config import LoraConfig, TrainerConfig
 from sage_rl.train.lean import lean_activations
 from sage_rl.train.logprobs import ChunkedHead, token_logprobs
 from sage_rl.train.lora import with_lora
 from sage_rl.train.loss import LossOutput, clipped_surrogate, tis_weights
+from sage_rl.train.noise import GroupGradients
 from sage_rl.train.optim import build_optimizer, optimizer_step, updates_made, warmup_lr
 from sage_rl.train.prefix import KV, RefPrefix, StepPrefix, as_cache, prefix_kv, shareable_len, supported
 from sage_rl.types import Sample
@@ -81,6 +82,7 @@ class StepStats:
     ratio_min: float = field(default=float("inf"))
     ratio_max: float = field(default=float("-inf"))
     samples_run: int = 0  # samples that went through the model (not skipped for a zero gradient)
+    noise: dict[str, float] = field(default_factory=dict)  # noise/* (trainer.noise_scale: train/noise.py)
 
     def add(self, m: MicroStep, b: TokenBatch) -> None:
         out, old_logp_BT, entropy_BT = m.loss, m.old_logp_BT, m.entropy_BT
@@ -127,7 +129,7 @@ class StepStats:
             "forward_tokens": float(self.forward_tokens),
             "tis_weight_mean": 1.0 if self.tis_sum is None else self.tis_sum / n,
             "tis_capped_frac": self.tis_capped / n,
-        }
+        } | self.noise
 
 
 class Trainer:
@@ -228,27 +230,38 @@ class Trainer:
             raise ValueError("Trainer.step: no samples")
         if num_chains < 1:
             raise ValueError(f"Trainer.step: num_chains must be >= 1, got {num_chains}")
-        prepared = [PreparedSample.of(s) for s in samples]
-        total_tokens = sum(sum(p.mask) for p in prepared)
+        keyed = [(PreparedSample.of(s), s.group[0]) for s in samples]  # group: its task sequence
+        total_tokens = sum(sum(p.mask) for p, _ in keyed)
         if self.cfg.skip_zero_advantage and self.cfg.kl_coef == 0:
-            prepared = [p for p in prepared if p.advantage != 0.0]
+            keyed = [(p, k) for p, k in keyed if p.advantage != 0.0]
+        prepared = [p for p, _ in keyed]
         stats = StepStats(samples_run=len(prepared))
         if not prepared:
             return stats
         self.model.train()
-        groups = micro_batches(
-            prepared, self.cfg.micro_batch_size, self.share_prefix, self.cfg.micro_batch_tokens
+        args = (self.cfg.micro_batch_size, self.share_prefix, self.cfg.micro_batch_tokens)
+        chunks, ends = (
+            grouped_micro_batches(keyed, *args)
+            if self.cfg.noise_scale
+            else (micro_batches(prepared, *args), set())
         )
-        root = self._step_prefix(prepared) if len(groups) > 1 else None
+        root = self._step_prefix(prepared) if len(chunks) > 1 else None
         ref_root = self._ref_prefix(root.ids) if root is not None and self.measures_kl_ref else None
-        for i, group in enumerate(groups):
-            n = self._prefix_len(group)
-            batch = collate(group, self.pad_id, self.device, n)
+        by_group = GroupGradients([p for p in self.model.parameters() if p.requires_grad]) if ends else None
+        for i, chunk in enumerate(chunks):
+            n = self._prefix_len(chunk)
+            batch = collate(chunk, self.pad_id, self.device, n)
             kl = self.measures_kl_ref and i % self.cfg.kl_ref_every == 0
             stats.add(self._micro_step(batch, num_chains, total_tokens, root, ref_root, kl), batch)
+            if by_group is not None and i in ends:  # the group's share through the step prefix too
+                if root is not None:
+                    root.backward(retain=True)
+                by_group.group_done()
         if root is not None:
             root.backward()
             stats.forward_tokens += len(root.ids)
+        if by_group is not None:
+            stats.noise = by_group.figures(len({s.group[0] for s in samples}))
         self.model.eval()
         return stats
 
