@@ -33,11 +33,11 @@ def test_what_a_resume_may_change_and_what_it_may_not(tmp_path):
     sft.mkdir()
     (tmp_path / "linked").symlink_to(sft, target_is_directory=True)
     saved = _cfg(f"init_from={sft}", "trainer.lr=1e-5").model_dump(mode="json")
-    # how long it goes on, where it saves, how fast it samples, how often the curve is drawn
+    # how long it goes on, where it saves, how fast it samples, how often the curve is drawn, what it measures
     longer = _cfg(
         f"init_from={tmp_path / 'linked'}", "trainer.lr=1e-5", "steps=99", "sampled_token_budget=800000",
         "out_dir=/elsewhere", "checkpoint_every=3", "policy.threads=1", "policy.max_batch=4",
-        "rollout.concurrency=3", "eval.every=5",
+        "rollout.concurrency=3", "eval.every=5", "trainer.noise_scale=true",
     ).model_dump(mode="json")  # fmt: skip
     assert changed(saved, longer) == []
     other = _cfg(f"init_from={tmp_path}", "trainer.lr=5e-5", "rollout.screen_confirm=2", "seed=7")

@@ -9,7 +9,8 @@ named, and nothing is written.
 What may differ on a resume (:data:`MAY_DIFFER`): how long the run goes on (``steps``,
 ``sampled_token_budget``: a finished run can be extended, the learning rate after warm-up being
 constant), where and how often it saves and logs, how fast it samples (the policy's threads, rows
-and cache, chains in flight) and how often the greedy curve is drawn. ``init_from`` is compared as
+and cache, chains in flight), how often the greedy curve is drawn, and whether each step's gradient
+noise scale is measured (``trainer.noise_scale``: the same gradient, summed group by group). ``init_from`` is compared as
 the folder it resolves to, where it exists (a run linked into another folder starts from the same model). A key that
 only one side has (a setting added to the code since the run began) is not compared.
 """
@@ -38,6 +39,7 @@ MAY_DIFFER: dict[str, Any] = {
     "recipe": True,  # the recipe's own section: ``sage-rl train`` ignores it
     "policy": POLICY_OPERATIONAL | {"timeout_s"},
     "rollout": {"concurrency"},
+    "trainer": {"noise_scale"},  # a measurement: the gradient is the same, summed group by group
     "eval": {"every"},
 }
 _PATHS = {"init_from"}
