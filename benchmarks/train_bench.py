@@ -34,8 +34,8 @@ B sequences (prompt P tokens + completion of varying length, right-padded), in m
   recipes do: a reference model's no-grad forward per micro-batch, its shared prefix once a step);
   ``ours_kl4``: the same measured in every 4th micro-batch (``kl_ref_every=4``).
 - ``ours_noise`` (``--sides``): ours with ``noise_scale=True`` (each step's gradient noise scale,
-  train/noise.py). Every sample here is a group of its own, so the shared opening's backward runs
-  once per sample: the worst case of its cost (a run's groups hold G chains each).
+  train/noise.py). Each ``--group`` (1) consecutive samples are a group; the shared opening's
+  backward runs once per group, so ``--group 1`` is the worst case of its cost.
 Every side holds a model copy with its AdamW state (~2 GB for SmolLM2): mind the memory when
 adding sides. Each shape's figures also go to stderr as soon as they are measured.
 tokens/s = (prompt + completion tokens of the batch) / seconds per step, median over timed steps
@@ -99,10 +99,11 @@ def turns_of(r: dict[str, Any]) -> list[tuple[list[int], list[int]]]:
     return r["turns"] if "turns" in r else [(r["gen"], [])]
 
 
-def as_samples(rows: list[dict[str, Any]]) -> list[Sample]:
+def as_samples(rows: list[dict[str, Any]], group: int = 1) -> list[Sample]:
+    """The rows as samples, ``group`` consecutive ones a GRPO group (the same task)."""
     out = []
     for i, r in enumerate(rows):
-        task = Task(f"b_{i}", "b", 1, "", "train")
+        task = Task(f"b_{i // group}", "b", 1, "", "train")
         turns = tuple(
             Turn(
                 gen_ids=tuple(gen),
@@ -241,7 +242,7 @@ SIDES = {
 def bench_shape(name: str, rows: list[dict[str, Any]], model: Any, tok: Any, a: argparse.Namespace) -> dict:
     tokens = sum(len(r["prompt"]) + sum(len(g) + len(o) for g, o in turns_of(r)) for r in rows)
     generated = sum(len(g) for r in rows for g, _ in turns_of(r))
-    samples = as_samples(rows)
+    samples = as_samples(rows, a.group)
     cfg = TrainerConfig(lr=1e-6, micro_batch_size=a.micro)
     trainers = {
         side: Trainer(copy.deepcopy(model), tok, cfg.model_copy(update=SIDES[side]))
@@ -288,6 +289,7 @@ def main() -> None:
     p.add_argument("--shape", choices=["both", "short", "rollout"], default="both")
     p.add_argument("--batch", type=int, default=8, help="samples of the short batch")
     p.add_argument("--rollout-batch", type=int, default=8, help="samples of the rollout-shaped batch")
+    p.add_argument("--group", type=int, default=1, help="consecutive samples that form a group (ours_noise)")
     p.add_argument("--micro", type=int, default=2, help="micro-batch size, both sides")
     p.add_argument("--prompt-len", type=int, default=96)
     p.add_argument("--gen-len", type=int, default=96)
@@ -305,6 +307,7 @@ def main() -> None:
         "params": sum(p.numel() for p in model.parameters()),
         "micro_batch": a.micro,
         "threads": a.threads,
+        "group": a.group,
         "steps_timed": a.steps,
         "compared": "one optimizer step on the same batch, generation excluded (see module docstring)",
     }
