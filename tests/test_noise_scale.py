@@ -2,6 +2,7 @@
 and against ``benchmarks/grad_noise.py``, which takes each group's gradient in a pass of its own."""
 
 import copy
+import json
 import math
 
 import numpy as np
@@ -112,3 +113,35 @@ def test_it_needs_each_chain_normalised_by_itself():
     with pytest.raises(ValueError, match="seq_mean_token_mean"):
         TrainerConfig(noise_scale=True, loss_agg="token_mean")
     assert TrainerConfig(noise_scale=True).noise_scale
+
+
+def test_the_report_pools_the_runs_steps_and_the_curves_gain_a_panel(tmp_path):
+    """``sage-rl train``'s report.md and curves.png for a run measured with ``noise_scale``."""
+    from PIL import Image
+
+    from sage_rl.runs.train import _noise_lines, _plot
+    from sage_rl.train.layout import RunFolder
+
+    def write(rows):
+        (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    base = {"reward": 0.5, "success": 0.5, "skill_use_rate": 0.0}
+    noise = [
+        {"noise/signal": 0.01, "noise/trace": 1.0, "noise/signal_share": 0.1, "noise/groups": 8.0},
+        {},  # a step without an update: nothing measured
+        {"noise/signal": 0.03, "noise/trace": 3.0, "noise/signal_share": 0.3, "noise/groups": 8.0},
+    ]
+    write([{"step": 0, "eval/tgc": 50.0}] + [{"step": i + 1, **base, **n} for i, n in enumerate(noise)])
+    (line,) = [x for x in _noise_lines(RunFolder.of(tmp_path)) if x]
+    # mean share (0.1 + 0.3) / 2; B_simple = mean trace 2.0 / mean signal 0.02 = 100; 16 groups = 0.16 of it
+    assert "2 steps" in line and "on average 0.20 of a step's gradient" in line
+    assert "B_simple = mean trace / mean signal = 100 groups" in line and "16 groups: 0.2 B_simple" in line
+    _plot(RunFolder.of(tmp_path))
+    assert Image.open(tmp_path / "curves.png").size[0] == round(11 * 4 / 3 * 110)  # four panels
+    noise[2]["noise/signal"] = -0.05
+    write([{"step": i + 1, **base, **n} for i, n in enumerate(noise)])
+    assert "no signal resolved over the run's 16 groups" in _noise_lines(RunFolder.of(tmp_path))[1]
+    write([{"step": 1, **base}])
+    assert _noise_lines(RunFolder.of(tmp_path)) == []
+    _plot(RunFolder.of(tmp_path))
+    assert Image.open(tmp_path / "curves.png").size[0] == 11 * 110  # three

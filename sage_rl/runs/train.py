@@ -126,12 +126,37 @@ def _report(cfg: TrainConfig, r: TrainResult, summary: dict) -> str:
             f"The run's model is the best of its evaluations on `{cfg.eval.split}` (`eval.keep: best`): "
             f"step {r.best.step} of {r.steps_done}, TGC {r.best.tgc:.1f}, SGC {r.best.sgc:.1f} (`best/`).",
         ]
+    lines += _noise_lines(RunFolder.of(cfg.out_dir))
     lines += [
         "",
         "Curves: `metrics.jsonl`, `tb/` (TensorBoard), `curves.png`. Definitions: docs/metrics.md.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _noise_lines(folder: RunFolder) -> list[str]:
+    """The gradient noise scale over the run's measured steps (``trainer.noise_scale``), or nothing."""
+    from sage_rl.train.logging import read_metrics
+
+    rows = [r for r in read_metrics(folder.root) if r.get("noise/groups")]
+    if not rows:
+        return []
+    share = sum(r["noise/signal_share"] for r in rows) / len(rows)
+    signal = sum(r["noise/signal"] for r in rows) / len(rows)
+    trace = sum(r["noise/trace"] for r in rows) / len(rows)
+    groups = sum(r["noise/groups"] for r in rows)
+    run = (
+        f"over the run B_simple = mean trace / mean signal = {trace / signal:.0f} groups, and it trained "
+        f"{groups:.0f} groups: {groups * signal / trace:.1f} B_simple"
+        if signal > 0
+        else f"no signal resolved over the run's {groups:.0f} groups (mean signal <= 0)"
+    )
+    return [
+        "",
+        f"Gradient noise scale (`trainer.noise_scale`, {len(rows)} steps): the reward's signal was on average "
+        f"{share:.2f} of a step's gradient; {run} (docs/metrics.md).",
+    ]
 
 
 def _plot(folder: RunFolder) -> None:
@@ -145,8 +170,11 @@ def _plot(folder: RunFolder) -> None:
     rows = [r for r in read_metrics(folder.root) if r.get("step", 0) > 0 and "reward" in r]
     if not rows:
         return
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
-    for ax, key in zip(axes, ("reward", "success", "skill_use_rate"), strict=True):
+    keys = ["reward", "success", "skill_use_rate"]
+    if any("noise/signal_share" in r for r in rows):  # trainer.noise_scale
+        keys.append("noise/signal_share")
+    fig, axes = plt.subplots(1, len(keys), figsize=(11 * len(keys) / 3, 3.2))
+    for ax, key in zip(axes, keys, strict=True):
         ax.plot([r["step"] for r in rows], [r.get(key) for r in rows], marker="o")
         ax.set(title=key, xlabel="step")
         ax.grid(alpha=0.3)
