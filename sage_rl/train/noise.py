@@ -59,13 +59,17 @@ class GroupGradients:
         self.sum_sq = 0.0  # sum over finished groups of |Delta_i|^2
 
     def group_done(self) -> None:
-        """Close a group: add ``|Delta_i|^2`` and remember ``.grad`` as the next group's start."""
-        deltas = []
+        """Close a group: add ``|Delta_i|^2`` and remember ``.grad`` as the next group's start (one
+        buffer, overwritten in place: one parameter's difference at a time besides it)."""
         for i, p in enumerate(self.params):
             g, b = p.grad, self.before[i]
-            deltas.append(g if b is None else (g - b if g is not None else None))
-            self.before[i] = None if g is None else g.detach().clone()
-        self.sum_sq += _sq_norm(deltas)
+            if g is None:  # no group has reached it yet
+                continue
+            self.sum_sq += _sq_norm([g if b is None else g - b])
+            if b is None:
+                self.before[i] = g.detach().clone()
+            else:
+                b.copy_(g)
 
     def figures(self, groups: int) -> dict[str, float]:
         """The step's ``noise/*`` metrics over its ``groups`` groups (those that never ran included),
