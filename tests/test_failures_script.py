@@ -13,10 +13,17 @@ NAME_ERROR = "Traceback (most recent call last):\n  File \"<cell-1>\", line 3\nN
 KEY_ERROR = "Traceback (most recent call last):\n  File \"<cell-1>\", line 1\n    x['a']\nKeyError: 'a'\n"
 
 
-def _task(i: int, success: bool, cells: list[tuple[str, str]]) -> Trajectory:
-    turns = tuple(Turn((5,), (-1.0,), code, code, ExecResult(obs, "Error" not in obs)) for code, obs in cells)
+CUT = "Traceback (most recent call last):\n  File \"<cell-2>\", line 1\nSyntaxError: '(' was never closed\n"
+
+
+def _task(i: int, success: bool, cells: list[tuple[str, str]], stop=StopReason.COMPLETED) -> Trajectory:
+    """Cells as (reply, observation); a reply's code is what its fence holds, closed or not."""
+    turns = tuple(
+        Turn((5,), (-1.0,), reply, reply.removeprefix("```python\n").removesuffix("\n```"), ExecResult(obs, "Error" not in obs))
+        for reply, obs in cells
+    )  # fmt: skip
     task = Task(f"t_{i}", "s", i + 1, "do it", "train")
-    return Trajectory(task, (1, 2), turns, Outcome(float(success), success), StopReason.COMPLETED)
+    return Trajectory(task, (1, 2), turns, Outcome(float(success), success), stop)
 
 
 def _chains() -> list[Chain]:
@@ -24,7 +31,13 @@ def _chains() -> list[Chain]:
         _task(0, True, [("print(1)", "1")]),
         _task(1, False, [("print(answer)", NAME_ERROR), ("f(answer)", NAME_ERROR)]),  # one task, two cells
         _task(2, False, [("def f(x):\n    return x\nf(1)", "")]),  # no cell raised: a wrong answer
-        _task(3, False, [("x = {}\nx['a']", KEY_ERROR), ("  print( answer", NAME_ERROR)]),
+        # a KeyError, then a reply the token budget cut mid-line: its SyntaxError is the cut's
+        _task(
+            3,
+            False,
+            [("```python\nx = {}\nx['a']\n```", KEY_ERROR), ("```python\nprint( answer", CUT)],
+            StopReason.TOKEN_BUDGET,
+        ),
     )
     return [Chain(group_index=0, chain_index=0, trajectories=trajs)]
 
@@ -32,8 +45,9 @@ def _chains() -> list[Chain]:
 def test_the_profile_by_hand():
     got = failures.failures(_chains())
     assert got["tasks"] == 4 and got["failed"] == 3 and got["with_def"] == 1
-    assert got["raised"] == {"NameError": 2, "none": 1, "KeyError": 1}  # a task once per type
-    assert got["undefined"] == [("answer", 3)]  # once per cell
+    assert got["stops"] == {"completed": 2, "token_budget": 1} and got["cut"] == 1
+    assert got["raised"] == {"NameError": 1, "none": 1, "KeyError": 1}  # a task once per type; not the cut's
+    assert got["undefined"] == [("answer", 2)]  # once per cell
 
 
 def test_the_command_on_a_run_folder(tmp_path, capsys):
@@ -43,7 +57,8 @@ def test_the_command_on_a_run_folder(tmp_path, capsys):
     out = failures.main([str(tmp_path), "sft", str(folder), "--json", str(tmp_path / "f.json")])
     assert out["sft"] == out["sft_train_heldout"]  # by name and by path
     written = json.loads((tmp_path / "f.json").read_text())
-    assert written["models"]["sft"]["raised"]["NameError"] == 2
-    assert "sft: 3 of 4 tasks failed; with a def 1; raised: NameError 2" in capsys.readouterr().out
+    assert written["models"]["sft"]["raised"]["NameError"] == 1
+    printed = capsys.readouterr().out
+    assert "sft: 3 of 4 tasks failed (completed 2, token_budget 1); last reply cut 1; with a def 1" in printed
     with pytest.raises(SystemExit, match="no finished evaluation of sage"):
         failures.main([str(tmp_path), "sage"])
