@@ -29,10 +29,32 @@ def run(code: str) -> dict:
     return scope
 
 
-def test_a_call_becomes_its_body_with_bound_parameters():
+def test_a_call_becomes_its_body_with_its_arguments_in_place():
     out = inline_solution(SOURCE, "y = add(1)\nprint(y)")
-    assert out == "a = 1\nb = 10\ntotal = a + b\ny = total\nprint(y)\n"
+    assert out == "total = 1 + 10\ny = total\nprint(y)\n"  # constants where the parameters are read
     assert "def" not in out and run(out)["y"] == 11
+    out = inline_solution(SOURCE, "n = 2\ny = add(n, b=n)")
+    assert out == "n = 2\ntotal = n + n\ny = total\n" and run(out)["y"] == 4  # names too
+
+
+def test_a_parameter_or_a_name_the_body_rebinds_is_bound_first():
+    src = """
+def bump(a, step):
+    a = a + step
+    return a
+
+
+def plus_x(a):
+    x = 1
+    return a + x
+"""
+    out = inline_solution(src, "v = bump(1, 2)")
+    assert out == "a = 1\na = a + 2\nv = a\n" and run(out)["v"] == 3  # `a` is assigned: bound
+    # the body assigns the argument's own name (the call's target): read at the call, as Python does
+    out = inline_solution(src, "x = 5\nx = plus_x(x)")
+    assert out == "x = 5\na = x\nx = 1\nx = a + x\n" and run(out)["x"] == 6
+    # a list argument (not plain) is bound once, not evaluated where it is read
+    assert inline_solution(SOURCE, "y = add([1][0], 2)").startswith("a = [1][0]\n")
 
 
 def test_nested_calls_are_hoisted_in_order_and_locals_renamed():
@@ -48,7 +70,7 @@ def test_a_return_in_the_last_loop_becomes_a_break():
 
 
 def test_a_discarded_value_is_dropped():
-    assert inline_solution(SOURCE, "add(1, 2)") == "a = 1\nb = 2\ntotal = a + b\n"
+    assert inline_solution(SOURCE, "add(1, 2)") == "total = 1 + 2\n"
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,9 @@ no ``def``. ``inline_solution(source, call)`` rewrites a template's reference so
 functions ``source`` followed by the ``call`` snippet) into straight-line code:
 
 - each call to one of ``source``'s functions is hoisted out of its statement, in evaluation order,
-  and replaced by the function's body with its parameters bound by assignment
-  (``app_name = "music"``);
+  and replaced by the function's body, its parameters replaced by their arguments where these are
+  constants or names that the body does not rebind (``getattr(apis, "music")``, as a person writes
+  it inline), else bound by assignment first (``items = [...]``);
 - the body's final ``return X`` becomes ``<target> = X``, where ``<target>`` is the assigned name
   when the statement is ``name = f(...)``, else ``<function>_result``; a ``return`` inside the
   function's last top-level loop becomes that assignment followed by ``break``;
@@ -106,12 +107,18 @@ class _Inliner:
         (None: the value is discarded, so a returned name or constant is dropped)."""
         fn = self.funcs[call.func.id]
         renames = self._renames(fn, target)
+        bound = [(renames.get(name, name), value) for name, value in _bind(fn, call)]
+        fn = _Renamer(renames).visit(copy.deepcopy(fn))
+        stored = _bound_in(fn.body)
+        # a plain argument (a name or a constant) is written where its parameter is read, as a person
+        # would write it, where neither is rebound in the body; any other is bound first, as Python does
+        subst = {new: value for new, value in bound if _plain(value, stored) and new not in stored}
         out = [
             _assign(new, value)
-            for new, value in ((renames.get(name, name), value) for name, value in _bind(fn, call))
-            if not (isinstance(value, ast.Name) and value.id == new)  # `x = x`: already bound
+            for new, value in bound
+            if new not in subst and not (isinstance(value, ast.Name) and value.id == new)  # `x = x`: bound
         ]
-        fn = _Renamer(renames).visit(copy.deepcopy(fn))
+        fn = _Substituter(subst).visit(fn)
         for i, stmt in enumerate(fn.body):
             if i == 0 and _is_docstring(stmt):
                 continue
@@ -171,6 +178,36 @@ class _Renamer(ast.NodeTransformer):
     def visit_arg(self, node: ast.arg) -> ast.arg:
         node.arg = self.renames.get(node.arg, node.arg)
         return node
+
+
+class _Substituter(ast.NodeTransformer):
+    """Each read of a substituted parameter -> a copy of its argument."""
+
+    def __init__(self, subst: dict[str, ast.expr]) -> None:
+        self.subst = subst
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        if isinstance(node.ctx, ast.Load) and node.id in self.subst:
+            return copy.deepcopy(self.subst[node.id])
+        return node
+
+
+def _bound_in(body: list[ast.stmt]) -> set[str]:
+    """The names ``body`` binds or deletes: assigned, loop and comprehension targets, lambda
+    parameters (a parameter or an argument's name among them is not substituted)."""
+    names: set[str] = set()
+    for stmt in body:
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+                names.add(n.id)
+            elif isinstance(n, ast.arg):
+                names.add(n.arg)
+    return names
+
+
+def _plain(value: ast.expr, stored: set[str]) -> bool:
+    """A constant, or a name the body does not rebind: reading it later reads the same value."""
+    return isinstance(value, ast.Constant) or (isinstance(value, ast.Name) and value.id not in stored)
 
 
 class _ReturnToBreak(ast.NodeTransformer):
