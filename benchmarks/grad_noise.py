@@ -50,23 +50,24 @@ from sage_rl.train.trainer import Trainer
 
 
 def noise_scale(gram: np.ndarray) -> dict[str, float]:
-    """``|G|^2``, ``tr(Sigma)``, ``B_simple`` and the mean cosine between two groups' gradients, from
-    the groups' Gram matrix (n >= 2). ``B_simple`` is inf where ``|G|^2 <= 0`` (no signal resolved)."""
+    """``|G|^2``, ``tr(Sigma)``, ``B_simple``, the signal's share at the step's ``n`` groups
+    (``train/noise.py: noise_from_sums``) and the mean cosine between two groups' gradients, from the
+    groups' Gram matrix (n >= 2). ``B_simple`` is inf where ``|G|^2 <= 0`` (no signal resolved)."""
     k = np.asarray(gram, dtype=np.float64)
     n = k.shape[0]
     if k.shape != (n, n) or n < 2:
         raise ValueError(f"noise_scale: a square Gram matrix of at least 2 groups, got shape {k.shape}")
     diag = np.diag(k)
     sums = noise_from_sums(n, float(k.sum()), float(diag.sum()))
-    signal, noise = sums["signal"], sums["trace"]
     norms = np.sqrt(np.maximum(diag, 0.0))
     outer = np.outer(norms, norms)
     off = ~np.eye(n, dtype=bool) & (outer > 0)
     cos = float((k[off] / outer[off]).mean()) if off.any() else 0.0
     return {
-        "signal": float(signal),
-        "noise": float(noise),
-        "b_simple": float(noise / signal) if signal > 0 else math.inf,
+        "signal": sums["signal"],
+        "noise": sums["trace"],
+        "b_simple": sums["b_simple"],
+        "signal_share": sums["signal_share"],
         "mean_cosine": cos,
     }
 
@@ -91,8 +92,7 @@ def summary(gram: np.ndarray) -> dict[str, Any]:
     for key in ("signal", "noise", "mean_cosine"):
         se = jackknife(gram, key)
         out[f"{key}_ci"] = [out[key] - 1.96 * se, out[key] + 1.96 * se]
-    s, v = out["signal"], out["noise"]
-    out["signal_share"] = s / (s + v / n) if s > 0 else 0.0
+    v = out["noise"]
     # B_simple over the signal's interval (noise at its estimate): inf where the interval reaches 0
     lo, hi = out["signal_ci"]
     out["b_simple_ci"] = [v / hi if hi > 0 else math.inf, v / lo if lo > 0 else math.inf]

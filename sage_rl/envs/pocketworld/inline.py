@@ -193,8 +193,8 @@ class _Substituter(ast.NodeTransformer):
 
 
 def _bound_in(body: list[ast.stmt]) -> set[str]:
-    """The names ``body`` binds or deletes: assigned, loop and comprehension targets, lambda
-    parameters (a parameter or an argument's name among them is not substituted)."""
+    """The names ``body`` binds or deletes: assigned, loop and comprehension targets, parameters
+    (of a function given whole, and of lambdas)."""
     names: set[str] = set()
     for stmt in body:
         for n in ast.walk(stmt):
@@ -283,10 +283,7 @@ def _bind(fn: ast.FunctionDef, call: ast.Call) -> list[tuple[str, ast.expr]]:
 
 def _free_builtins(fn: ast.FunctionDef) -> set[str]:
     """Names ``fn`` reads but never binds (builtins such as ``len``, ``next``): never renamed."""
-    bound = {a.arg for a in ast.walk(fn) if isinstance(a, ast.arg)} | {
-        n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))
-    }
-    return {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} - bound
+    return {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} - _bound_in([fn])
 
 
 def _fresh(base: str, taken: set[str]) -> str:
