@@ -212,9 +212,10 @@ def save_plain(model: Any, folder: str | os.PathLike[str]) -> None:
     """Write ``model`` as ``model.safetensors`` + ``config.json`` + ``generation_config.json``.
 
     ``save_pretrained`` refuses a model loaded from a GGUF (it carries a quantizer), so the weights
-    are written directly; tied weights (embedding = lm_head) are stored once.
+    are written directly; tied weights (embedding = lm_head) are stored once, under the source's
+    name (:func:`untied_state`).
     """
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -224,4 +225,25 @@ def save_plain(model: Any, folder: str | os.PathLike[str]) -> None:
     config.save_pretrained(folder)
     if model.generation_config is not None:
         model.generation_config.save_pretrained(folder)
-    save_model(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(untied_state(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def untied_state(model: Any) -> dict[str, Any]:
+    """``model``'s state dict with each tensor stored once: of names that share one tensor, the
+    one the model ties others to is kept (``model.embed_tokens.weight``, not ``lm_head.weight``).
+
+    That is the name ``save_pretrained`` writes, and the one vLLM and SGLang read: with
+    ``tie_word_embeddings`` their Llama loaders skip ``lm_head.weight``, so a file holding the
+    shared tensor only under that name leaves their embedding unloaded. safetensors' own
+    ``save_model`` keeps the first name in sorted order, which is the head's."""
+    tied = getattr(model, "_tied_weights_keys", None) or ()  # {target: source} (or a list of targets)
+    state = model.state_dict()
+    kept: dict[str, Any] = {}
+    seen: set[tuple] = set()
+    for name in sorted(state, key=lambda n: n in tied):  # sources before the names tied to them
+        t = state[name]
+        where = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+        if where not in seen:
+            seen.add(where)
+            kept[name] = t.contiguous()
+    return kept

@@ -51,6 +51,60 @@ def test_save_plain_then_load_model_gives_identical_logits(tiny, tmp_path):
     assert not loaded.training
 
 
+def _loaded_as_vllm_does(model_cls, config, folder):
+    """A model built from ``folder`` the way vLLM's and SGLang's Llama loaders read a checkpoint:
+    every tensor by its own name, ``lm_head.weight`` skipped when the config ties the embeddings
+    (the head is then the embedding), and every parameter must have been read."""
+    from safetensors.torch import load_file
+
+    torch.manual_seed(123)  # whatever the file does not supply stays random
+    fresh = model_cls(config)
+    params = dict(fresh.named_parameters())  # a tied head is listed once, as the embedding
+    read = set()
+    for name, tensor in load_file(str(folder / "model.safetensors")).items():
+        if config.tie_word_embeddings and name == "lm_head.weight":
+            continue
+        with torch.no_grad():
+            params[name].copy_(tensor)
+        read.add(name)
+    assert read == set(params), f"never read from the file: {sorted(set(params) - read)}"
+    return fresh
+
+
+def test_a_tied_model_is_saved_under_the_embeddings_name_so_vllm_style_loaders_read_it(tiny, tmp_path):
+    from safetensors.torch import load_file
+
+    model, tok = tiny
+    assert model.config.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
+    save_plain(model, tmp_path)
+    stored = load_file(str(tmp_path / "model.safetensors"))
+    assert "model.embed_tokens.weight" in stored and "lm_head.weight" not in stored  # once, as the source
+    assert len(stored) == len(model.state_dict()) - 1
+    served = _loaded_as_vllm_does(type(model), model.config, tmp_path)
+    ids = torch.tensor([tok.encode("def add(a, b):")])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, served(ids).logits)
+
+
+def test_an_untied_model_keeps_its_head_and_its_embedding(tmp_path):
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)  # fmt: skip
+    model = LlamaForCausalLM(config)
+    assert not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+    save_plain(model, tmp_path)
+    stored = load_file(str(tmp_path / "model.safetensors"))
+    assert torch.equal(stored["lm_head.weight"], model.lm_head.weight)
+    assert torch.equal(stored["model.embed_tokens.weight"], model.model.embed_tokens.weight)
+    served = _loaded_as_vllm_does(LlamaForCausalLM, config, tmp_path)
+    ids = torch.tensor([[1, 5, 9, 3]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, served(ids).logits)
+
+
 def test_load_model_names_a_missing_path(tmp_path):
     with pytest.raises(ModelLoadError, match="nope"):
         load_model(tmp_path / "nope")
