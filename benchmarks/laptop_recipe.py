@@ -37,7 +37,8 @@ not evaluated again: its start's evaluation is read back (``recipe/twins.py``, `
 
 Writes ``<results>/laptop_recipe.json`` and ``<results>/laptop_recipe.png`` (reward by position and
 a greedy held-out TGC curve on the first ``eval.scenarios`` scenarios against sampled tokens, each
-RL arm from its own start model's measured TGC on those scenarios; TGC by model).
+RL arm from its own start model's measured TGC on those scenarios; TGC by model; the paired TGC
+differences on ``train_heldout`` against issue 27's gate).
 """
 
 from __future__ import annotations

@@ -108,6 +108,30 @@ def test_paired_differences_by_hand():
     assert [u["steps"] for u in units(_ev(rows_a, per_a))] == [1, 1, 2, 3]
 
 
+def test_the_figures_paired_gaps_by_hand():
+    """The figure's last panel: each pair of PAIRS both evaluated, a - b paired, in PAIRS' order,
+    without sft - base; a pair with a model missing, or on the other split only, is left out."""
+    from sage_rl.recipe.figure import gaps
+
+    two = [("s1_1", "s1"), ("s1_2", "s1"), ("s2_1", "s2"), ("s2_2", "s2")]
+
+    def ev(*solved):
+        return {"heldout": _ev([(t, s, ok) for (t, s), ok in zip(two, solved, strict=True)])}
+
+    res = {
+        "base": ev(False, False, False, False),
+        "sft": ev(True, True, False, False),  # 50%
+        "sage": ev(True, True, True, False),  # 75%: +25, s1 adds 0 and s2 +50
+        "sft_nolib": ev(True, False, False, False),  # 25%: sft - sft_nolib +25, s1 +50 and s2 0
+        "grpo_lib": {"dev": _ev([])},  # another split only
+    }
+    found = gaps({"results": res})
+    assert [g[0] for g in found] == ["sage - sft", "sft - sft_nolib"]
+    for _, d, lo, hi in found:
+        assert d == pytest.approx(25.0) and lo == pytest.approx(0.0) and hi == pytest.approx(50.0)
+    assert gaps({"results": {"sage": res["sft"], "sft": res["sft"]}}) == [("sage - sft", 0.0, 0.0, 0.0)]
+
+
 def test_the_gain_on_and_off_the_screened_pool_by_hand(tmp_path):
     """Where RL's gain lies: the templates its screens drew (``screens.jsonl``, every screen's pool)
     against the others, each paired over its own scenarios."""

@@ -1,6 +1,7 @@
 """The laptop experiment's figure (``benchmarks/laptop_recipe.py``, ``gpu_recipe.py``): reward by
-chain position and the greedy held-out TGC curve against sampled tokens for each RL arm, and TGC by
-model on each split, from the stages' results and the run folder's metrics."""
+chain position and the greedy held-out TGC curve against sampled tokens for each RL arm, TGC by
+model on each split, and the paired TGC differences on ``train_heldout`` against issue 27's gate,
+from the stages' results and the run folder's metrics."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sage_rl.recipe.controls import MODELS, RL_START, SPLITS, curve, metric_rows, paired_curve
+from sage_rl.eval.ci import paired_outcomes
+from sage_rl.recipe.controls import MODELS, PAIRS, RL_START, SPLITS, curve, metric_rows, paired_curve
 from sage_rl.runs.console import err
 from sage_rl.settings import TrainConfig
 from sage_rl.train.layout import STEP_NAME, RunFolder
@@ -60,6 +62,25 @@ def paired_curves(done: dict[str, Any], out: Path) -> dict[str, list[list[float]
     return table
 
 
+#: The gate the paired SAGE - SFT difference must clear (issue 27): at least this, interval above 0.
+GATE = 5.0
+
+
+def gaps(done: dict[str, Any], key: str = "heldout") -> list[tuple[str, float, float, float]]:
+    """``(a - b, difference, low, high)`` in TGC points for each pair of ``controls.PAIRS`` both of
+    whose models were evaluated on split ``key``, paired (``paired_outcomes``: the same scenarios
+    resampled for both), in ``PAIRS``' order; ``sft - base`` is left out (its ~60 points would set
+    the scale that the others are read on)."""
+    res = done["results"]
+    out = []
+    for a, b in PAIRS:
+        if (a, b) != ("sft", "base") and key in res.get(a, {}) and key in res.get(b, {}):
+            d = paired_outcomes(res[b][key]["outcomes"], res[a][key]["outcomes"])
+            if d is not None:
+                out.append((f"{a} - {b}", d[0], *d[1]))
+    return out
+
+
 def _saved_eval(run: RunFolder, step: Any) -> dict[str, Any] | None:
     """A periodic evaluation's saved outcomes, or None where that step has none; a damaged file
     is named on stderr and its point left out (the figures it feeds are not the results)."""
@@ -84,7 +105,7 @@ def plot(done: dict[str, Any], out: Path, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
+    fig, (ax1, ax2, ax3, ax4) = plt.subplots(1, 4, figsize=(22, 4.5))
     res = done["results"]
     models = [m for m in MODELS if m in res]
     styles = {"sage": "-", "grpo_lib": "--", "grpo_nolib": ":"}
@@ -119,7 +140,16 @@ def plot(done: dict[str, Any], out: Path, path: Path) -> None:
         ax3.bar(xs, [m["tgc"] for m in ms], width, yerr=yerr, capsize=3, label=SPLITS[key])
     ax3.set_xticks([i + width / 2 for i in range(len(models))], models, rotation=30, ha="right", fontsize=8)
     ax3.set(title="TGC by model (95% scenario bootstrap)", ylabel="TGC (%)", ylim=(0, 100))
-    for ax in (ax1, ax2, ax3):
+    rows = gaps(done)[::-1]  # the first pair (the gate's) on top
+    ys = range(len(rows))
+    ax4.errorbar([r[1] for r in rows], ys, xerr=[[r[1] - r[2] for r in rows], [r[3] - r[1] for r in rows]],
+                 fmt="o", capsize=3)  # fmt: skip
+    ax4.set_yticks(ys, [r[0] for r in rows], fontsize=8)
+    ax4.axvline(0, color="black", lw=0.8)
+    gate = f"gate: sage - sft >= +{GATE:g}, interval above 0"
+    ax4.axvline(GATE, color="tab:red", ls="--", lw=0.8, label=gate)
+    ax4.set(title="Paired TGC differences, train_heldout (95%)", xlabel="TGC points")
+    for ax in (ax1, ax2, ax3, ax4):
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
