@@ -243,7 +243,7 @@ def untied_state(model: Any) -> dict[str, Any]:
     for name in sorted(state, key=lambda n: n in tied):  # sources before the names tied to them
         t = state[name]
         where = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
-        if where not in seen:
+        if t.numel() == 0 or where not in seen:  # empty tensors share no memory (their pointers are all 0)
             seen.add(where)
             kept[name] = t.contiguous()
     return kept

@@ -105,6 +105,16 @@ def test_an_untied_model_keeps_its_head_and_its_embedding(tmp_path):
         assert torch.equal(model(ids).logits, served(ids).logits)
 
 
+def test_empty_tensors_are_each_kept_under_their_own_name():
+    """Two empty parameters have the same (null) storage pointer but share nothing: both are saved."""
+    from sage_rl.models import untied_state
+
+    m = torch.nn.Module()
+    m.a, m.b = torch.nn.Parameter(torch.empty(0)), torch.nn.Parameter(torch.empty(0, 3))
+    m.c = torch.nn.Parameter(torch.empty(0))
+    assert sorted(untied_state(m)) == ["a", "b", "c"]
+
+
 def test_load_model_names_a_missing_path(tmp_path):
     with pytest.raises(ModelLoadError, match="nope"):
         load_model(tmp_path / "nope")
