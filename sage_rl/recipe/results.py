@@ -73,6 +73,7 @@ def table(done: dict[str, Any], cfg: TrainConfig, out: Path) -> dict[str, Any]:
                "pool": str(cfg.rollout.pool), "screen_every": cfg.rollout.screen_every,
                "screen_samples": cfg.rollout.screen_samples,
                "screen_scenarios": cfg.rollout.screen_scenarios, "screen_confirm": cfg.rollout.screen_confirm,
+               "pool_memory": cfg.rollout.pool_memory, "pool_explore": cfg.rollout.pool_explore,
                "dynamic_sampling": cfg.rollout.dynamic_sampling, "lr": cfg.trainer.lr,
                "warmup_steps": cfg.trainer.warmup_steps, "temperature": cfg.sampling.temperature},
         "models": models,

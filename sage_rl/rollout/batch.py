@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sage_rl.config import Section
 from sage_rl.rollout.advantages import Baseline, compute_advantages
@@ -26,7 +26,10 @@ from sage_rl.rollout.journal import StepJournal, run_group_kept
 from sage_rl.rollout.pool import PoolKind
 from sage_rl.rollout.rewards import ChainOutcomes, RewardKind, compute_rewards, nothing_sampled
 from sage_rl.skills.library import Library
-from sage_rl.types import Chain, Sample
+from sage_rl.types import Chain, Sample, Task
+
+#: draws n task sequences of a length from a split: (rng, n, length, split) -> sequences
+Draw = Callable[[random.Random, int, int, str], list[tuple[Task, ...]]]
 
 
 class RolloutConfig(Section):
@@ -67,6 +70,30 @@ class RolloutConfig(Section):
         description="more scenarios for each template a screen found all solved or all failed, pooled "
         "with its first (pool: screened); 0 = none",
     )
+    pool_memory: int | None = Field(
+        None,
+        ge=1,
+        description="track the pool between screens (pool: screened): a template's success is the share "
+        "of its last N sampled tasks, the screens' and the steps' own, and the pool is re-derived after "
+        "every step (rollout/tracking.py); null = the pool changes only at screens",
+    )
+    pool_explore: int = Field(
+        0,
+        ge=0,
+        description="of each draw of B task sequences, this many from the train templates outside the "
+        "pool, so that one that left it is looked at again (pool: screened); 0 = none",
+    )
+
+    @model_validator(mode="after")
+    def _tracking_needs_a_pool(self) -> RolloutConfig:
+        if (self.pool_memory is not None or self.pool_explore) and self.pool is not PoolKind.SCREENED:
+            raise ValueError("rollout.pool_memory and rollout.pool_explore need rollout.pool=screened")
+        if self.pool_explore >= self.groups_per_step:
+            raise ValueError(
+                f"rollout.pool_explore={self.pool_explore} leaves no draw to the pool: it must be below "
+                f"rollout.groups_per_step={self.groups_per_step}"
+            )
+        return self
 
 
 def check_group_contract(groups: Sequence[Sequence[Chain]]) -> None:
@@ -175,15 +202,19 @@ async def rollout_step(
     cfg: RolloutConfig,
     step: int = 0,
     journal: StepJournal | None = None,
+    draw: Draw | None = None,
 ) -> StepBatch:
     """One step's groups. Without dynamic sampling: one draw of B sequences, all trained. With
     it: draws of B sequences until B groups have a signal (or ``max_draws``); those are trained,
     all of them, so a lucky last draw may give more than B. ``journal``: the step's groups kept
-    on disk as they finish (a resumed step samples only those it lacks; rollout/journal.py)."""
+    on disk as they finish (a resumed step samples only those it lacks; rollout/journal.py);
+    ``draw``: how the task sequences are drawn (a screened pool's), else from the runner's suite."""
     drawn: list[Group] = []
     trained: list[Group] = []
     for _ in range(cfg.max_draws if cfg.dynamic_sampling else 1):
-        batch = await rollout_batch(runner, rng, cfg, step=step, first_index=len(drawn), journal=journal)
+        batch = await rollout_batch(
+            runner, rng, cfg, step=step, first_index=len(drawn), journal=journal, draw=draw
+        )
         groups = [Group.of(chains, cfg) for chains in batch]
         drawn += groups
         trained += trained_groups(groups, cfg)
@@ -200,12 +231,17 @@ async def rollout_batch(
     step: int = 0,
     first_index: int = 0,
     journal: StepJournal | None = None,
+    draw: Draw | None = None,
 ) -> list[list[Chain]]:
     """Sample B task sequences from the runner's suite and run G chains of each, all
     concurrently (bounded). ``step`` is the training step (skill provenance); the groups are
-    numbered from ``first_index``; ``journal`` (optional) keeps and gives back finished groups."""
-    sample = runner.suite.sample_chain
-    sequences = [sample(rng, cfg.chain_length, cfg.split) for _ in range(cfg.groups_per_step)]
+    numbered from ``first_index``; ``journal`` (optional) keeps and gives back finished groups;
+    ``draw`` (optional) draws the B sequences instead of the suite."""
+    if draw is None:
+        sample = runner.suite.sample_chain
+        sequences = [sample(rng, cfg.chain_length, cfg.split) for _ in range(cfg.groups_per_step)]
+    else:
+        sequences = draw(rng, cfg.groups_per_step, cfg.chain_length, cfg.split)
     start = library or Library()
     sem = asyncio.Semaphore(max(1, cfg.concurrency // max(1, cfg.group_size)))
 

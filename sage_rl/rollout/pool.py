@@ -36,7 +36,10 @@ How:
 The suite must know its train templates and narrow itself to some of them:
 ``train_templates`` and ``scoped(templates)`` (``PocketWorldSuite`` has both). Every screen is
 appended to ``screens.jsonl`` in the run folder (one JSON row: step, success by template, pool,
-tokens, seconds).
+tokens, seconds, and each template's outcomes).
+
+Between screens the pool can follow the model from the steps' own groups (``rollout.pool_memory``)
+and look outside itself (``rollout.pool_explore``): rollout/tracking.py.
 """
 
 from __future__ import annotations
@@ -52,9 +55,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sage_rl.rollout import tracking
 from sage_rl.rollout.chain import ChainRunner
 from sage_rl.rollout.journal import StepJournal, run_group_kept
 from sage_rl.skills.library import Library
+from sage_rl.types import Chain, Task
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +85,14 @@ def screen_due(step: int, every: int) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Screen:
-    """One screening pass: success by template at ``step``, what it cost, and the pool it gives."""
+    """One screening pass: success by template at ``step``, what it cost, and the pool it gives;
+    ``outcomes``: each template's task outcomes, in order (empty in rows written before they were kept)."""
 
     step: int
     success: Mapping[str, float]
     tokens: int
     seconds: float
+    outcomes: Mapping[str, tuple[bool, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def pool(self) -> tuple[str, ...]:
@@ -99,7 +106,10 @@ class Screen:
         for template, rate in success.items():
             if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0.0 <= rate <= 1.0:
                 raise ValueError(f"success of {template!r} is {rate!r}, not a rate in [0, 1]")
-        return cls(int(row["step"]), success, int(row["tokens"]), float(row["seconds"]))
+        outcomes = row.get("outcomes", {})
+        tracking.check_outcomes(outcomes)
+        kept = {t: tuple(bool(x) for x in seq) for t, seq in outcomes.items()}
+        return cls(int(row["step"]), success, int(row["tokens"]), float(row["seconds"]), kept)
 
     def row(self) -> dict[str, Any]:
         return {
@@ -108,6 +118,7 @@ class Screen:
             "success": dict(self.success),
             "tokens": self.tokens,
             "seconds": round(self.seconds, 2),
+            "outcomes": {t: [int(x) for x in seq] for t, seq in self.outcomes.items()},
         }
 
 
@@ -157,9 +168,11 @@ async def screen(
     extremes = tuple(n for n, o in _outcomes(names, done).items() if len(set(o)) == 1)
     if confirm and extremes:
         done += await sample(extremes, confirm, len(done))
-    success = {n: sum(o) / max(1, len(o)) for n, o in _outcomes(names, done).items()}
+    outcomes = _outcomes(names, done)
+    success = {n: sum(o) / max(1, len(o)) for n, o in outcomes.items()}
     tokens = sum(t.num_generated_tokens for _, trajs in done for t in trajs)
-    return Screen(step, success, tokens, time.perf_counter() - t0)
+    kept = {n: tuple(o) for n, o in outcomes.items()}
+    return Screen(step, success, tokens, time.perf_counter() - t0, kept)
 
 
 def _outcomes(names: tuple[str, ...], sampled: list[tuple[str, list]]) -> dict[str, list[bool]]:
@@ -173,12 +186,13 @@ def _outcomes(names: tuple[str, ...], sampled: list[tuple[str, list]]) -> dict[s
 class ScreenedPool:
     """The pool of one training run: screens when due and hands out the runner to draw from.
 
-    State: the screen in force (a run's pool changes only when it screens again), taken back from
-    ``screens.jsonl`` when the run resumes at ``first_step``."""
+    State: the screen in force (without ``pool_memory``, a run's pool changes only when it screens
+    again), taken back from ``screens.jsonl`` when the run resumes at ``first_step``; with it, each
+    template's recent outcomes (``record``), rebuilt from ``screens.jsonl`` and ``pool.jsonl``."""
 
     def __init__(self, runner: ChainRunner, rollout: Any, seed: int, run_dir: Path, first_step: int) -> None:
         check_suite(runner.suite)
-        self._runner, self._cfg, self._seed = runner, rollout, seed
+        self._runner, self._cfg, self._seed, self._dir = runner, rollout, seed, Path(run_dir)
         self._log = Path(run_dir) / SCREENS
         # rows made by steps this run will make again, and a row a kill cut short, are dropped
         rows = [r for r in screens(run_dir) if int(r["step"]) <= first_step]
@@ -188,6 +202,15 @@ class ScreenedPool:
         self.last: Screen | None = in_force(rows, first_step, rollout.screen_every)
         #: a screen taken back at the step that made it: its tokens are that step's sampled tokens
         self._unpaid = self.last is not None and self.last.step == first_step
+        self._memory: int | None = getattr(rollout, "pool_memory", None)
+        self.record: tracking.Record = {}
+        if self._memory:
+            if not hasattr(runner.suite, "template_name"):
+                raise ValueError(
+                    "rollout.pool_memory needs a suite that names each task's template (pocketworld)"
+                )
+            self.record = _replay(rows, tracking.observed(run_dir, first_step), self._memory)
+        self.pool: tuple[str, ...] = ()
 
     async def runner_for(
         self, step: int, journal: StepJournal | None = None
@@ -213,15 +236,54 @@ class ScreenedPool:
             with self._log.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(self.last.row()) + "\n")
             self._unpaid = True
+            if self._memory:
+                self.record = tracking.remember(self.record, _screened(self.last), self._memory)
         if self._unpaid:
             row = {"pool/screen_tokens": self.last.tokens, "pool/screen_s": self.last.seconds}
             row["pool/screened_success"] = sum(self.last.success.values()) / max(1, len(self.last.success))
             self._unpaid = False
-        pool = self.last.pool
+        self.pool = pool = informative(tracking.success_of(self.record)) if self._memory else self.last.pool
         row["pool/size"] = len(pool)
-        if not pool:  # nothing informative: draw from every template, as without a pool
+        if not pool or getattr(cfg, "pool_explore", 0):  # every template (explore: draw() picks)
             return self._runner, row
         return dataclasses.replace(self._runner, suite=self._runner.suite.scoped(pool)), row
+
+    def draw(self, rng: random.Random, n: int, length: int, split: str) -> list[tuple[Task, ...]]:
+        """``n`` task sequences from the pool in force, ``pool_explore`` of them from outside it
+        (rollout/tracking.py); the pool's own draws are those of its scoped suite."""
+        explore = getattr(self._cfg, "pool_explore", 0)
+        return tracking.draw(self._runner.suite, rng, n, length, split, self.pool, explore)
+
+    def observe(self, step: int, chains: list[Chain]) -> None:
+        """With ``pool_memory``: step ``step``'s drawn chains join the record (and ``pool.jsonl``);
+        the next step's pool is derived from it."""
+        if not self._memory:
+            return
+        outcomes = tracking.chain_outcomes(chains, self._runner.suite.template_name)
+        tracking.append(self._dir, step, outcomes)
+        self.record = tracking.remember(self.record, outcomes, self._memory)
+
+
+def _screened(s: Screen) -> list[tuple[str, bool]]:
+    return [(t, x) for t, seq in s.outcomes.items() for x in seq]
+
+
+def _replay(
+    screen_rows: list[dict[str, Any]], step_rows: list[dict[str, Any]], memory: int
+) -> tracking.Record:
+    """The record of a run resumed after ``step_rows``: every screen and step, in the order they were
+    made (a step's screen before its groups)."""
+    made = [(int(r["step"]), 0, _screened(Screen.from_row(r)), r) for r in screen_rows]
+    made += [(r["step"], 1, tracking.pairs(r["outcomes"]), r) for r in step_rows]
+    record: tracking.Record = {}
+    for step, is_step, outcomes, row in sorted(made, key=lambda m: m[:2]):
+        if not is_step and "outcomes" not in row:
+            raise ValueError(
+                f"the screen of step {step} in {SCREENS} has no outcomes (made before rollout.pool_memory "
+                "existed): the pool cannot be tracked from it; set rollout.pool_memory=null"
+            )
+        record = tracking.remember(record, outcomes, memory)
+    return record
 
 
 def in_force(rows: list[dict[str, Any]], step: int, every: int) -> Screen | None:

@@ -99,7 +99,12 @@ async def train(
         journal = StepJournal(journal_path(out.rollout_file(step + 1)), key)
         # the screened pool (rollout/pool.py): its screens' tokens are this step's sampled tokens too
         step_runner, pool_row = await pool.runner_for(step, journal) if pool else (runner, {})
-        batch = await rollout_step(step_runner, step_rng(seed, step), cfg.rollout, step=step, journal=journal)
+        draw = pool.draw if pool else None
+        batch = await rollout_step(
+            step_runner, step_rng(seed, step), cfg.rollout, step=step, journal=journal, draw=draw
+        )
+        if pool:
+            pool.observe(step, batch.drawn_chains)  # rollout.pool_memory: the next step's pool follows
         t1 = time.perf_counter()
         stats = trainer.step(batch.samples, batch.num_chains)
         if stats["updated"]:

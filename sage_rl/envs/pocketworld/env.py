@@ -142,6 +142,11 @@ class PocketWorldSuite:
         """This suite narrowed to ``templates`` (same executors): a screened RL pool (issue 27)."""
         return PocketWorldSuite(self._executors, templates)
 
+    @staticmethod
+    def template_name(task: Task) -> str:
+        """The template ``task`` was made from (a tracked RL pool counts outcomes by template)."""
+        return tasks.template_of(task).name
+
     def split(self, split: str, limit: int | None = None) -> tuple[Task, ...]:
         return tasks.split_tasks(split, self._scope_of(split), limit)
 
