@@ -48,7 +48,6 @@ import asyncio
 import dataclasses
 import enum
 import json
-import logging
 import random
 import time
 from collections.abc import Mapping
@@ -60,8 +59,6 @@ from sage_rl.rollout.chain import ChainRunner
 from sage_rl.rollout.journal import StepJournal, run_group_kept
 from sage_rl.skills.library import Library
 from sage_rl.types import Chain, Task
-
-log = logging.getLogger(__name__)
 
 SCREENS = "screens.jsonl"
 #: Group indices of screening chains start here: they never collide with a step's groups (provenance).
@@ -301,18 +298,7 @@ def screens(run_dir: Path) -> list[dict[str, Any]]:
     screen row (the one a kill cut short) is left out with a warning: its screen is not on record,
     so a run resumed at its step screens again."""
     path = Path(run_dir) / SCREENS
-    if not path.is_file():
-        return []
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").split("\n"), 1):
-        try:
-            row = json.loads(line) if line.strip() else None
-            if row is not None:
-                Screen.from_row(row)
-                rows.append(row)
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            log.warning("%s:%d: not a screen row (%s); left out", path, n, type(e).__name__)
-    return rows
+    return tracking.read_rows(path, Screen.from_row, "screen row") if path.is_file() else []
 
 
 __all__ = ["PoolKind", "Screen", "ScreenedPool", "in_force", "informative", "screen", "screen_due", "screens"]

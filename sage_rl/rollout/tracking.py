@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,17 +100,23 @@ def observed(run_dir: Path, first_step: int) -> list[dict[str, Any]]:
     path = Path(run_dir) / OBSERVED
     if not path.is_file():
         return []
+    rows = [r for r in read_rows(path, check_row, "pool row") if r["step"] < first_step]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return rows
+
+
+def read_rows(path: Path, check: Callable[[dict[str, Any]], object], what: str) -> list[dict[str, Any]]:
+    """The JSON rows of ``path`` that ``check`` accepts, in order; any other line (the one a kill cut
+    short) is left out with a warning naming it ``what`` it is not."""
     rows = []
     for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").split("\n"), 1):
         try:
             row = json.loads(line) if line.strip() else None
             if row is not None:
-                check_row(row)
+                check(row)
                 rows.append(row)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            log.warning("%s:%d: not a pool row (%s); left out", path, n, type(e).__name__)
-    rows = [r for r in rows if r["step"] < first_step]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+            log.warning("%s:%d: not a %s (%s); left out", path, n, what, type(e).__name__)
     return rows
 
 
@@ -154,6 +160,7 @@ __all__ = [
     "grouped",
     "observed",
     "pairs",
+    "read_rows",
     "remember",
     "split_draw",
     "success_of",
