@@ -189,6 +189,29 @@ def by_template(ea: dict[str, Any], eb: dict[str, Any]) -> dict[str, dict[str, i
     return dict(sorted(changed.items(), key=lambda kv: (kv[1]["a"] - kv[1]["b"], kv[0])))
 
 
+#: how a screen saw a template: every sampled task solved, none, or some (the pool)
+SCREEN_CLASSES = ("pool", "solved", "hopeless")
+
+
+def screen_class(success: float) -> str:
+    return "solved" if success == 1.0 else "hopeless" if success == 0.0 else "pool"
+
+
+def by_screen_class(success: dict[str, float], outcomes: list[list[Any]]) -> dict[str, list[int]]:
+    """{class: [tasks solved, tasks]} of an evaluation's ``outcomes`` (rows ``[task, scenario, ok,
+    ...]``), each task in the class its template had at a screen (``success``: the screen's rates;
+    ``screen_class``); templates the screen did not see are left out (pure). Where an arm's greedy
+    score moves: laptop35's SAGE extension lost 8 of the 11 `train_val` tasks it solved at the start on
+    the 8 templates its screen called hopeless, and never drew them."""
+    out = {c: [0, 0] for c in SCREEN_CLASSES}
+    for _, scenario, ok, *_ in outcomes:
+        rate = success.get(template_of(scenario))
+        if rate is not None:
+            out[screen_class(rate)][0] += bool(ok)
+            out[screen_class(rate)][1] += 1
+    return out
+
+
 def template_of(scenario_id: str) -> str:
     """``email_relationship-s2147483648`` -> ``email_relationship``."""
     return re.sub(r"-s\d+$", "", scenario_id)
