@@ -15,10 +15,11 @@ from test_screened_pool import TemplateSuite, _NoTrainer, _runner
 from sage_rl.config import ConfigError, load_config
 from sage_rl.envs.pocketworld.env import PocketWorldSuite
 from sage_rl.policies.base import Completion
+from sage_rl.recipe.controls import screened_templates
 from sage_rl.rollout import pool as pool_module
 from sage_rl.rollout import tracking
 from sage_rl.rollout.batch import RolloutConfig, rollout_step
-from sage_rl.rollout.pool import ScreenedPool
+from sage_rl.rollout.pool import ScreenedPool, replay
 from sage_rl.settings import TrainConfig
 from sage_rl.train import loop as loop_module
 from sage_rl.train.config import LoopConfig, TrainEvalConfig
@@ -225,3 +226,27 @@ def test_a_task_the_policy_took_no_turn_on_is_not_counted():
     ]
     cut = dataclasses.replace(chain, trajectories=(first, failed))
     assert tracking.chain_outcomes([cut], NamedSuite.template_name) == [(name, first.outcome.success)]
+
+
+def test_the_templates_a_tracked_arm_drew_are_every_steps_pool(tmp_path):
+    runner = _tracked_runner()
+    cfg = _cfg(pool_memory=8, pool_explore=1)
+    (tmp_path / "config.yaml").write_text("rollout:\n  pool_memory: 8\n")
+    pool = ScreenedPool(runner, cfg, 0, tmp_path, 0)
+    pools = {}
+    for step in range(6):
+        _step(pool, runner, cfg, step)
+        pools[step] = pool.pool
+        if step == 0:
+            runner.policy.rates |= {"always": 0.5}
+    assert "always" in pool.pool  # explored, mixed, in
+    steps = [json.loads(x) for x in (tmp_path / tracking.OBSERVED).read_text().splitlines()]
+    assert replay(pool_module.screens(tmp_path), steps, 8)[1] == pools  # each step's, as drawn
+    assert (
+        screened_templates(tmp_path)
+        == {t for p in pools.values() for t in p}
+        == {"always", "half", "quarter"}
+    )
+    assert replay(pool_module.screens(tmp_path), [], 8)[1] == {}
+    (tmp_path / "config.yaml").write_text("rollout:\n  pool_memory: null\n")  # untracked: the screens' pools
+    assert screened_templates(tmp_path) == {"half", "quarter"}

@@ -32,8 +32,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+
 from sage_rl.eval.ci import paired_difference, paired_outcomes
-from sage_rl.rollout.pool import SCREENS, Screen, screens
+from sage_rl.rollout import tracking
+from sage_rl.rollout.pool import SCREENS, Screen, replay, screens
 from sage_rl.settings import RunConfig, TrainConfig
 from sage_rl.train.logging import metrics_row
 from sage_rl.types import Chain
@@ -221,10 +224,27 @@ def screened_templates(run_dir: Path) -> set[str] | None:
     """Every template any screen of an RL run drew into its pool (``screens.jsonl``, read as the run
     reads it: ``rollout.pool.screens``); None for a run without a screened pool. A line that is not
     a screen row (a damaged file) is left out with a warning naming it: its screen's templates are
-    then missing from the pool."""
+    then missing from the pool. A tracked pool (``rollout.pool_memory``, rollout/tracking.py) adds
+    every template some step's pool held (replayed from ``pool.jsonl``); a group drawn from outside
+    the pool (``rollout.pool_explore``) does not make its template one of the pool's."""
     if not (run_dir / SCREENS).is_file():
         return None
-    return {t for row in screens(run_dir) for t in Screen.from_row(row).pool}
+    rows = screens(run_dir)
+    pool = {t for row in rows for t in Screen.from_row(row).pool}
+    memory = _pool_memory(run_dir)
+    if memory and (run_dir / tracking.OBSERVED).is_file():  # a tracked pool: each step's own
+        steps = tracking.read_rows(run_dir / tracking.OBSERVED, tracking.check_row, "pool row")
+        pool |= {t for drawn in replay(rows, steps, memory)[1].values() for t in drawn}
+    return pool
+
+
+def _pool_memory(run_dir: Path) -> int | None:
+    """``rollout.pool_memory`` of the run's saved config (None where it has none or no config)."""
+    try:
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+        return saved["rollout"].get("pool_memory")
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _named(name: str, d: tuple[float, tuple[float, float]] | None) -> dict[str, Any]:

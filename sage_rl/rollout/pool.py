@@ -206,7 +206,7 @@ class ScreenedPool:
                 raise ValueError(
                     "rollout.pool_memory needs a suite that names each task's template (pocketworld)"
                 )
-            self.record = _replay(rows, tracking.observed(run_dir, first_step), self._memory)
+            self.record, _ = replay(rows, tracking.observed(run_dir, first_step), self._memory)
         self.pool: tuple[str, ...] = ()
 
     async def runner_for(
@@ -265,22 +265,26 @@ def _screened(s: Screen) -> list[tuple[str, bool]]:
     return [(t, x) for t, seq in s.outcomes.items() for x in seq]
 
 
-def _replay(
+def replay(
     screen_rows: list[dict[str, Any]], step_rows: list[dict[str, Any]], memory: int
-) -> tracking.Record:
-    """The record of a run resumed after ``step_rows``: every screen and step, in the order they were
-    made (a step's screen before its groups)."""
+) -> tuple[tracking.Record, dict[int, tuple[str, ...]]]:
+    """A tracked run's record after ``screen_rows`` (``screens.jsonl``) and ``step_rows``
+    (``pool.jsonl``), every screen and step in the order they were made (a step's screen before its
+    groups), and the pool each step of ``step_rows`` drew from (pure)."""
     made = [(int(r["step"]), 0, _screened(Screen.from_row(r)), r) for r in screen_rows]
     made += [(r["step"], 1, tracking.pairs(r["outcomes"]), r) for r in step_rows]
     record: tracking.Record = {}
+    pools: dict[int, tuple[str, ...]] = {}
     for step, is_step, outcomes, row in sorted(made, key=lambda m: m[:2]):
         if not is_step and "outcomes" not in row:
             raise ValueError(
                 f"the screen of step {step} in {SCREENS} has no outcomes (made before rollout.pool_memory "
                 "existed): the pool cannot be tracked from it; set rollout.pool_memory=null"
             )
+        if is_step:
+            pools[step] = informative(tracking.success_of(record))
         record = tracking.remember(record, outcomes, memory)
-    return record
+    return record, pools
 
 
 def in_force(rows: list[dict[str, Any]], step: int, every: int) -> Screen | None:
@@ -301,4 +305,14 @@ def screens(run_dir: Path) -> list[dict[str, Any]]:
     return tracking.read_rows(path, Screen.from_row, "screen row") if path.is_file() else []
 
 
-__all__ = ["PoolKind", "Screen", "ScreenedPool", "in_force", "informative", "screen", "screen_due", "screens"]
+__all__ = [
+    "PoolKind",
+    "Screen",
+    "ScreenedPool",
+    "in_force",
+    "informative",
+    "replay",
+    "screen",
+    "screen_due",
+    "screens",
+]
