@@ -199,7 +199,7 @@ class ScreenedPool:
         self.last: Screen | None = in_force(rows, first_step, rollout.screen_every)
         #: a screen taken back at the step that made it: its tokens are that step's sampled tokens
         self._unpaid = self.last is not None and self.last.step == first_step
-        self._memory: int | None = getattr(rollout, "pool_memory", None)
+        self._memory: int | None = rollout.pool_memory
         self.record: tracking.Record = {}
         if self._memory:
             if not hasattr(runner.suite, "template_name"):
@@ -234,22 +234,21 @@ class ScreenedPool:
                 f.write(json.dumps(self.last.row()) + "\n")
             self._unpaid = True
             if self._memory:
-                self.record = tracking.remember(self.record, _screened(self.last), self._memory)
+                self.record = tracking.remember(self.record, tracking.pairs(self.last.outcomes), self._memory)
         if self._unpaid:
             row = {"pool/screen_tokens": self.last.tokens, "pool/screen_s": self.last.seconds}
             row["pool/screened_success"] = sum(self.last.success.values()) / max(1, len(self.last.success))
             self._unpaid = False
         self.pool = pool = informative(tracking.success_of(self.record)) if self._memory else self.last.pool
         row["pool/size"] = len(pool)
-        if not pool or getattr(cfg, "pool_explore", 0):  # every template (explore: draw() picks)
+        if not pool or cfg.pool_explore:  # every template (explore: draw() picks)
             return self._runner, row
         return dataclasses.replace(self._runner, suite=self._runner.suite.scoped(pool)), row
 
     def draw(self, rng: random.Random, n: int, length: int, split: str) -> list[tuple[Task, ...]]:
         """``n`` task sequences from the pool in force, ``pool_explore`` of them from outside it
         (rollout/tracking.py); the pool's own draws are those of its scoped suite."""
-        explore = getattr(self._cfg, "pool_explore", 0)
-        return tracking.draw(self._runner.suite, rng, n, length, split, self.pool, explore)
+        return tracking.draw(self._runner.suite, rng, n, length, split, self.pool, self._cfg.pool_explore)
 
     def observe(self, step: int, chains: list[Chain]) -> None:
         """With ``pool_memory``: step ``step``'s drawn chains join the record (and ``pool.jsonl``);
@@ -261,17 +260,13 @@ class ScreenedPool:
         self.record = tracking.remember(self.record, outcomes, self._memory)
 
 
-def _screened(s: Screen) -> list[tuple[str, bool]]:
-    return [(t, x) for t, seq in s.outcomes.items() for x in seq]
-
-
 def replay(
     screen_rows: list[dict[str, Any]], step_rows: list[dict[str, Any]], memory: int
 ) -> tuple[tracking.Record, dict[int, tuple[str, ...]]]:
     """A tracked run's record after ``screen_rows`` (``screens.jsonl``) and ``step_rows``
     (``pool.jsonl``), every screen and step in the order they were made (a step's screen before its
     groups), and the pool each step of ``step_rows`` drew from (pure)."""
-    made = [(int(r["step"]), 0, _screened(Screen.from_row(r)), r) for r in screen_rows]
+    made = [(int(r["step"]), 0, tracking.pairs(Screen.from_row(r).outcomes), r) for r in screen_rows]
     made += [(r["step"], 1, tracking.pairs(r["outcomes"]), r) for r in step_rows]
     record: tracking.Record = {}
     pools: dict[int, tuple[str, ...]] = {}

@@ -141,8 +141,8 @@ def grouped(outcomes: Iterable[tuple[str, bool]]) -> dict[str, list[int]]:
     return out
 
 
-def pairs(outcomes: Mapping[str, Sequence[int]]) -> list[tuple[str, bool]]:
-    """A row's outcomes back as (template, success) pairs (pure)."""
+def pairs(outcomes: Mapping[str, Sequence[int | bool]]) -> list[tuple[str, bool]]:
+    """Outcomes by template (a row's, a screen's) as (template, success) pairs, in order (pure)."""
     return [(t, bool(x)) for t, seq in outcomes.items() for x in seq]
 
 
